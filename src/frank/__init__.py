@@ -1,0 +1,1 @@
+"""frank: declarative build-and-deploy for LLM engine variants."""
