@@ -1,0 +1,30 @@
+"""The one error type frank raises for bad input, and the one place it becomes a message.
+
+Every failure a user can cause (a malformed manifest, a stale lock, a missing tool) is a
+``FrankError`` naming the file and the field; the CLI turns it into one line and exit 2.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class FrankError(Exception):
+    """A user-facing failure: one line, names the file and the field, exit code 2."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, *, file: Path | str | None = None, field: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.file = str(file) if file is not None else None
+        self.field = field
+
+    def one_line(self) -> str:
+        """``file: field: message`` with whatever parts are known, on a single line."""
+        parts = [p for p in (self.file, self.field) if p]
+        text = ": ".join([*parts, self.message])
+        return " ".join(text.split("\n"))
+
+    def __str__(self) -> str:
+        return self.one_line()
