@@ -1,0 +1,5 @@
+"""`python -m frank` runs the CLI."""
+
+from frank.cli import main
+
+main()
