@@ -216,7 +216,7 @@ class RegionCache:
             self.stats.entries = 0
             self.stats.bytes_held = 0
 
-    def keys(self) -> list[str]:
+    def regions(self) -> list[str]:
         """Cached region texts, least recently used first (for tests)."""
         with self._lock:
             return list(self._lru)

@@ -292,43 +292,51 @@ def detect_mode(base: type) -> str:
     return "none"
 
 
-def install(base: type | None = None, settings: Settings | None = None) -> Hook | None:
-    """Wrap vLLM's tokenization once per process. Idempotent; never raises."""
+def install_on(base: type, settings: Settings) -> Hook | None:
+    """Wrap `base` (a BaseRenderer-shaped class) unless it is wrapped already."""
+    if getattr(getattr(base, "_tokenize_prompt", None), "__frank_region_cache__", False):
+        return None
+    mode = detect_mode(base)
+    if mode == "none":
+        log.error(
+            "frank_region_cache: no known prompt tokenization path on %s; hook NOT active",
+            base.__qualname__,
+        )
+        return None
+    hook = Hook(settings, mode)
+    if mode == "call":
+        _wrap_tokenize_prompt_call(base, hook)
+    else:
+        _wrap_encode(base, hook)
+    hook.write_stats(only_if_absent=True)
+    log.info("frank_region_cache: installed (mode=%s, pid=%d)", mode, os.getpid())
+    return hook
+
+
+def install() -> Hook | None:
+    """Wrap vLLM's BaseRenderer once per process. Idempotent; never raises."""
     global _HOOK
     with _INSTALL_LOCK:
         if _HOOK is not None:
             return _HOOK
-        settings = settings or Settings.from_env()
-        if base is None:
-            try:
-                from vllm.renderers.base import BaseRenderer
-            except Exception as exc:
-                log.error(
-                    "frank_region_cache: vllm.renderers.base.BaseRenderer not importable "
-                    "(%s); hook NOT active",
-                    exc,
-                )
-                return None
-            base = BaseRenderer
-        if getattr(getattr(base, "_tokenize_prompt", None), "__frank_region_cache__", False):
-            return _HOOK  # wrapped already by an earlier import of this module
-        mode = detect_mode(base)
-        if mode == "none":
+        try:
+            from vllm.renderers.base import BaseRenderer
+        except Exception as exc:
             log.error(
-                "frank_region_cache: no known prompt tokenization path on %s; hook NOT active",
-                base.__qualname__,
+                "frank_region_cache: vllm.renderers.base.BaseRenderer not importable (%s); "
+                "hook NOT active",
+                exc,
             )
             return None
-        hook = Hook(settings, mode)
-        if mode == "call":
-            _wrap_tokenize_prompt_call(base, hook)
-        else:
-            _wrap_encode(base, hook)
-        _register_metrics(hook)
-        hook.write_stats(only_if_absent=True)
-        log.info("frank_region_cache: installed (mode=%s, pid=%d)", mode, os.getpid())
-        _HOOK = hook
-        return hook
+        try:
+            hook = install_on(BaseRenderer, Settings.from_env())
+        except Exception:
+            log.exception("frank_region_cache: install failed; hook NOT active")
+            return None
+        if hook is not None:
+            _register_metrics(hook)
+            _HOOK = hook
+        return _HOOK
 
 
 def current_hook() -> Hook | None:
