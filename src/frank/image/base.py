@@ -1,0 +1,255 @@
+"""Base images: ``images/*.toml`` files naming a base pinned by digest, and the test base.
+
+A base named in ``images/`` is either a reference pinned by digest (``oci:DIR@sha256:...``
+for a local layout, ``host/repo[:tag]@sha256:...`` for a registry; a tag alone is refused,
+since a tag can move under a lock) or a ``[debootstrap]`` recipe for a base made on this
+machine from Debian packages.
+
+A debootstrap rootfs is **not** byte-reproducible (package scripts write timestamps, random
+machine ids, ldconfig caches), so two machines get different digests. The test base is
+therefore made once per cache, imported as an OCI layout, and pinned by the digest it got
+(recorded in ``<cache>/bases/<key>.json``); every later call returns that layout and digest
+instantly. Everything frank builds on top of it is reproducible given that digest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import re
+import shutil
+import subprocess
+import tempfile
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from frank.errors import FrankError
+from frank.image.layer import LAYER_MEDIA_TYPE, collect, write_tar
+from frank.image.oci import (
+    OCI_CONFIG,
+    OCI_INDEX,
+    OCI_MANIFEST,
+    _go_arch,
+    canonical_json,
+    epoch_to_rfc3339,
+    layout_manifests,
+    write_layout,
+)
+from frank.image.store import DIGEST_RE, BlobStore
+
+BASE_FORMAT = "frank-base-1"
+_REF_RE = re.compile(
+    r"^(?P<name>[a-z0-9][a-z0-9._/:-]*?)(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?"
+    r"(?:@(?P<digest>sha256:[0-9a-f]{64}))?$"
+)
+# Left out of the test base: caches and docs a container never needs (as Debian's slim images).
+ROOTFS_PRUNE = (
+    "var/cache/apt", "var/lib/apt/lists", "usr/share/doc", "usr/share/man", "usr/share/info",
+    "usr/share/locale", "var/log",
+)
+ROOTFS_SKIP = ("dev", "proc", "sys", "run", "tmp", *ROOTFS_PRUNE)
+
+
+class DebootstrapSource(BaseModel):
+    """A base made here by ``debootstrap`` from the configured Debian mirror."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    suite: str = "bookworm"
+    variant: Literal["minbase", "buildd"] = "minbase"
+    include: list[str] = []
+    mirror: str | None = None  # default: the mirror apt on this machine uses
+
+
+class BaseImageFile(BaseModel):
+    """One ``images/<name>.toml``: a base image pinned by digest, or a debootstrap recipe."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    description: str = ""
+    ref: str | None = None
+    debootstrap: DebootstrapSource | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> BaseImageFile:
+        if (self.ref is None) == (self.debootstrap is None):
+            raise ValueError("give exactly one of 'ref' or '[debootstrap]'")
+        return self
+
+
+class BaseImage(BaseModel):
+    """A resolved base: a local OCI layout and the manifest digest it is pinned to."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    layout: Path
+    digest: str
+
+
+def parse_pinned_ref(ref: str, *, file: Path | str | None = None) -> tuple[str, str]:
+    """Split ``name[:tag]@sha256:...`` into (name, digest); a tag-only ref is an error."""
+    if ref.startswith("oci:"):
+        body, sep, digest = ref[4:].rpartition("@")
+        if not sep or not DIGEST_RE.match(digest):
+            raise FrankError(f"base image {ref!r} is not pinned by digest; "
+                             "write oci:DIR@sha256:<64 hex>", file=file, field="ref")
+        return "oci:" + body, digest
+    m = _REF_RE.match(ref)
+    if not m:
+        raise FrankError(f"not an image reference: {ref!r}", file=file, field="ref")
+    if not m.group("digest"):
+        raise FrankError(f"base image {ref!r} is named by tag only; pin it by digest "
+                         "(name@sha256:<64 hex>)", file=file, field="ref")
+    return m.group("name"), m.group("digest")
+
+
+def load_image_file(path: Path) -> BaseImageFile:
+    """Parse and validate ``images/<name>.toml``; any problem is one line naming the file."""
+    try:
+        raw = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise FrankError("image file not found", file=path) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise FrankError(f"invalid TOML: {exc}", file=path) from None
+    try:
+        img = BaseImageFile.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"]) or None
+        raise FrankError(err["msg"], file=path, field=loc) from None
+    if img.ref is not None:
+        parse_pinned_ref(img.ref, file=path)
+    return img
+
+
+def apt_mirror() -> str:
+    """The Debian mirror apt is configured with here (deb822 or one-line sources)."""
+    for f in sorted(Path("/etc/apt/sources.list.d").glob("*.sources")):
+        text = f.read_text()
+        for stanza in text.split("\n\n"):
+            if "debian-security" in stanza:
+                continue
+            if re.search(r"^Suites:.*\bbookworm\b", stanza, re.M):
+                m = re.search(r"^URIs:\s*(\S+)", stanza, re.M)
+                if m:
+                    return m.group(1)
+    lst = Path("/etc/apt/sources.list")
+    if lst.is_file():
+        for line in lst.read_text().splitlines():
+            parts = line.split()
+            if len(parts) >= 3 and parts[0] == "deb" and "security" not in parts[1]:
+                return parts[1]
+    return "http://deb.debian.org/debian"
+
+
+@contextlib.contextmanager
+def _lock(path: Path) -> Iterator[None]:
+    """One builder per base at a time (parallel test workers would debootstrap twice)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _base_key(src: DebootstrapSource, mirror: str) -> str:
+    doc = {"format": BASE_FORMAT, "suite": src.suite, "variant": src.variant,
+           "include": sorted(src.include), "mirror": mirror, "arch": _go_arch()}
+    return hashlib.sha256(canonical_json(doc)).hexdigest()
+
+
+def layout_from_rootfs(rootfs: Path, store: BlobStore, out: Path, *, epoch: int,
+                       created_by: str) -> str:
+    """Import a root filesystem as a one-layer OCI layout (owners and setuid kept)."""
+    members = collect([(rootfs, "/")], preserve_owner=True, skip=ROOTFS_SKIP)
+    with store.writer() as w:
+        write_tar(members, epoch, w)  # type: ignore[arg-type]
+    created = epoch_to_rfc3339(epoch)
+    config = {
+        "architecture": _go_arch(), "os": "linux", "created": created,
+        "config": {"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+                   "Cmd": ["/bin/bash"]},
+        "rootfs": {"type": "layers", "diff_ids": [w.digest]},
+        "history": [{"created": created, "created_by": created_by}],
+    }
+    config_raw = canonical_json(config)
+    config_digest = store.put_bytes(config_raw)
+    manifest = {
+        "schemaVersion": 2, "mediaType": OCI_MANIFEST,
+        "config": {"mediaType": OCI_CONFIG, "digest": config_digest, "size": len(config_raw)},
+        "layers": [{"mediaType": LAYER_MEDIA_TYPE, "digest": w.digest, "size": w.size}],
+    }
+    manifest_raw = canonical_json(manifest)
+    digest = store.put_bytes(manifest_raw)
+    index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [
+        {"mediaType": OCI_MANIFEST, "digest": digest, "size": len(manifest_raw)}]}
+    write_layout(store, out, canonical_json(index), [config_digest, digest, w.digest])
+    return digest
+
+
+def debootstrap_base(src: DebootstrapSource, store: BlobStore, *, name: str = "test-base",
+                     quiet: bool = False) -> BaseImage:
+    """The debootstrapped base for ``src``: built once per cache, then returned instantly."""
+    mirror = src.mirror or apt_mirror()
+    key = _base_key(src, mirror)
+    bases = store.root / "bases"
+    record = bases / f"{key}.json"
+    layout = bases / key
+    with _lock(bases / f"{key}.lock"):
+        if record.is_file():
+            with contextlib.suppress(ValueError, ValidationError, FrankError, KeyError, OSError):
+                base = BaseImage.model_validate_json(record.read_text())
+                if layout_manifests(base.layout)[0]["digest"] == base.digest:
+                    return base
+        if shutil.which("debootstrap") is None:
+            raise FrankError("debootstrap is not installed; apt-get install debootstrap "
+                             "(needed to make the test base image)")
+        from rich.console import Console
+
+        console = Console(stderr=True, quiet=quiet)
+        with tempfile.TemporaryDirectory(dir=store.tmp_dir, prefix="debootstrap-") as tmp:
+            rootfs = Path(tmp) / "rootfs"
+            cmd = ["debootstrap", f"--variant={src.variant}"]
+            if src.include:
+                cmd.append("--include=" + ",".join(sorted(src.include)))
+            cmd += [src.suite, str(rootfs), mirror]
+            with console.status(f"debootstrap {src.suite} ({src.variant}) from {mirror}"):
+                proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or ["?"]
+                raise FrankError(f"debootstrap failed (exit {proc.returncode}): {tail[0]}")
+            with console.status("importing the rootfs as an OCI layout"):
+                digest = layout_from_rootfs(rootfs, store, layout, epoch=0,
+                                            created_by=" ".join(cmd[:-2]))
+        base = BaseImage(name=name, layout=layout, digest=digest)
+        tmp_rec = record.with_suffix(".json.tmp")
+        tmp_rec.write_text(base.model_dump_json())
+        tmp_rec.replace(record)
+        return base
+
+
+def resolve_base(path: Path, store: BlobStore, *, quiet: bool = False) -> BaseImage:
+    """The local layout and pinned digest for ``images/<name>.toml``."""
+    img = load_image_file(path)
+    if img.debootstrap is not None:
+        return debootstrap_base(img.debootstrap, store, name=img.name, quiet=quiet)
+    assert img.ref is not None
+    name, digest = parse_pinned_ref(img.ref, file=path)
+    if name.startswith("oci:"):
+        layout = Path(name[4:])
+        if not layout.is_absolute():
+            layout = (Path(path).parent / layout).resolve()
+        return BaseImage(name=img.name, layout=layout, digest=digest)
+    from frank.image.registry import pull_pinned
+
+    layout = store.root / "bases" / digest.split(":", 1)[1]
+    return BaseImage(name=img.name, layout=pull_pinned(name, digest, layout), digest=digest)

@@ -1,0 +1,201 @@
+"""Container engines for parts that need commands run inside the image.
+
+The daemonless OCI writer (``frank.image.oci``) covers every part that is just files. When a
+RUN step is needed (compiling a kernel against the image's torch) frank builds a Dockerfile
+with whichever engine is present: buildah, podman, or docker (only if a daemon answers).
+On CI machines without a daemon, Debian's buildah and podman build rootless-style with
+``--isolation chroot --storage-driver vfs``: no overlayfs, no user namespaces, RUN steps
+work. Engine storage lives under the frank cache, apart from the system's image store.
+
+Every build gets ``SOURCE_DATE_EPOCH`` (as ``--timestamp`` and as a build arg) and the pinned
+base as build args (``BASE_IMAGE``, a storage reference by digest, and ``BASE_DIGEST``);
+layers are exported uncompressed (see ``frank.image.layer`` on why not gzip).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from frank.errors import FrankError
+from frank.image.oci import _swap_into_place, resolve_manifest
+from frank.image.store import BlobStore, check_digest
+
+EngineName = Literal["buildah", "podman", "docker"]
+ENGINE_ORDER: tuple[EngineName, ...] = ("buildah", "podman", "docker")
+INSTALL_HINT = "apt-get install buildah (or podman), or start a Docker daemon"
+
+
+@dataclass(frozen=True)
+class Engine:
+    """A usable engine and the private storage frank gives it."""
+
+    name: EngineName
+    exe: str
+    root: Path
+    runroot: Path
+
+    def base_args(self) -> list[str]:
+        """Global flags: private storage, the vfs driver (works without overlay support)."""
+        if self.name == "docker":
+            return [self.exe]
+        return [self.exe, "--root", str(self.root), "--runroot", str(self.runroot),
+                "--storage-driver", "vfs"]
+
+
+def _docker_answers(exe: str) -> bool:
+    try:
+        return subprocess.run([exe, "info"], capture_output=True, timeout=10).returncode == 0
+    except (subprocess.TimeoutExpired, OSError):
+        return False
+
+
+def detect(store: BlobStore | None = None) -> list[Engine]:
+    """Engines usable here, in preference order (docker only if its daemon answers)."""
+    store = store or BlobStore()
+    found: list[Engine] = []
+    for name in ENGINE_ORDER:
+        exe = shutil.which(name)
+        if exe is None or (name == "docker" and not _docker_answers(exe)):
+            continue
+        base = store.root / "containers" / name
+        found.append(Engine(name, exe, base / "root", base / "runroot"))
+    return found
+
+
+def get_engine(name: str = "auto", store: BlobStore | None = None) -> Engine:
+    """The named engine, or the first one found for ``auto``; none -> what to install."""
+    engines = detect(store)
+    if name == "auto":
+        if not engines:
+            raise FrankError(f"no container engine found; {INSTALL_HINT}", field="--builder")
+        return engines[0]
+    for e in engines:
+        if e.name == name:
+            return e
+    hint = "start a Docker daemon (docker info must answer)" if name == "docker" else \
+        f"apt-get install {name}"
+    raise FrankError(f"container engine {name!r} is not available; {hint}", field="--builder")
+
+
+def _run(args: list[str], what: str, *, input_text: str | None = None,
+         timeout: float | None = None) -> subprocess.CompletedProcess[str]:
+    try:
+        proc = subprocess.run(args, capture_output=True, text=True, input=input_text,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise FrankError(f"{what} timed out after {timeout} s") from None
+    if proc.returncode != 0:
+        lines = [ln for ln in (proc.stderr + proc.stdout).strip().splitlines() if ln.strip()]
+        tail = lines[-1] if lines else "?"
+        raise FrankError(f"{what} failed (exit {proc.returncode}): {' '.join(tail.split())}")
+    return proc
+
+
+def load_base(engine: Engine, layout: Path, digest: str) -> str:
+    """Put the pinned base into the engine's storage; return a reference to it by digest."""
+    check_digest(digest, field="base_digest")
+    got, _, _ = resolve_manifest(layout, digest)
+    if got != digest:
+        raise FrankError(f"base layout holds {got}, not the pinned {digest}", file=layout)
+    if engine.name == "docker":
+        raise FrankError("loading an OCI layout base into docker is not supported yet; "
+                         "use --builder buildah or podman", field="--builder")
+    name = f"localhost/frank-base-{digest.split(':')[1][:16]}"
+    proc = _run([*engine.base_args(), "pull", "--quiet", f"oci:{Path(layout).absolute()}"],
+                f"{engine.name} pull of the base image")
+    image_id = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+    if not image_id:
+        raise FrankError(f"{engine.name} pull of the base printed no image id", file=layout)
+    _run([*engine.base_args(), "tag", image_id, name], f"{engine.name} tag of the base")
+    return f"{name}@{digest}"
+
+
+def build_dockerfile(
+    engine: Engine,
+    context: Path,
+    out_layout: Path,
+    *,
+    base_layout: Path,
+    base_digest: str,
+    source_date_epoch: int,
+    dockerfile: Path | None = None,
+    build_args: dict[str, str] | None = None,
+    timeout: float | None = 3600,
+) -> str:
+    """Build ``context`` with ``engine`` and export it as an OCI layout; return its digest.
+
+    The layout is written to a temp dir and swapped into place only when the build and the
+    export both succeed, so a build that fails halfway leaves no output.
+    """
+    context = Path(context).absolute()
+    dockerfile = Path(dockerfile).absolute() if dockerfile else context / "Dockerfile"
+    if not dockerfile.is_file():
+        raise FrankError("Dockerfile not found", file=dockerfile)
+    base_ref = load_base(engine, base_layout, base_digest)
+    args = {"SOURCE_DATE_EPOCH": str(source_date_epoch), "BASE_IMAGE": base_ref,
+            "BASE_DIGEST": base_digest, **(build_args or {})}
+    tag = f"localhost/frank-build-{uuid.uuid4().hex[:12]}"
+    cmd = [*engine.base_args(), "bud" if engine.name == "buildah" else "build",
+           "--isolation", "chroot", "--timestamp", str(source_date_epoch), "--pull=false",
+           "-f", str(dockerfile), "-t", tag]
+    for k in sorted(args):
+        cmd += ["--build-arg", f"{k}={args[k]}"]
+    _run([*cmd, str(context)], f"{engine.name} build of {context}", timeout=timeout)
+    out_layout = Path(out_layout).absolute()
+    out_layout.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_layout.name}.tmp-", dir=out_layout.parent))
+    try:
+        if engine.name == "buildah":
+            _run([*engine.base_args(), "push", "--quiet", "--disable-compression", tag,
+                  f"oci:{tmp}"], "buildah push to an OCI layout")
+        else:
+            shutil.rmtree(tmp)
+            _run([*engine.base_args(), "save", "--format", "oci-dir", "-o", str(tmp), tag],
+                 "podman save to an OCI layout")
+        digest, _, _ = resolve_manifest(tmp)
+        _swap_into_place(tmp, out_layout)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        subprocess.run([*engine.base_args(), "rmi", "-f", tag], capture_output=True)
+    return digest
+
+
+def run_image(layout: Path, args: list[str] | None = None, *, engine: Engine | None = None,
+              env: dict[str, str] | None = None, timeout: float = 600,
+              check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run the image's entrypoint (with ``args`` instead of its cmd) under chroot isolation.
+
+    buildah is preferred: ``podman run`` fails on setrlimit in unprivileged CI containers,
+    while ``buildah from`` + ``buildah run --isolation chroot`` does not.
+    """
+    from frank.image.oci import read_layout
+
+    info = read_layout(Path(layout), verify_layers=False)
+    engine = engine or next((e for e in detect() if e.name == "buildah"), None)
+    if engine is None or engine.name != "buildah":
+        raise FrankError("running an image needs buildah; apt-get install buildah")
+    argv = [*info.entrypoint, *(info.cmd if args is None else args)]
+    if not argv:
+        raise FrankError("the image has no entrypoint or cmd to run", file=layout)
+    ctr = _run([*engine.base_args(), "from", "--quiet", "--pull-always",
+                f"oci:{Path(layout).absolute()}"], "buildah from").stdout.strip().splitlines()[-1]
+    try:
+        cmd = [*engine.base_args(), "run", "--isolation", "chroot"]
+        for k in sorted(env or {}):
+            cmd += ["--env", f"{k}={(env or {})[k]}"]
+        proc = subprocess.run([*cmd, ctr, "--", *argv], capture_output=True, text=True,
+                              timeout=timeout)
+    finally:
+        subprocess.run([*engine.base_args(), "rm", ctr], capture_output=True)
+    if check and proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        raise FrankError(f"image entrypoint exited {proc.returncode}: {tail}", file=layout)
+    return proc

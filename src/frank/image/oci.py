@@ -1,0 +1,434 @@
+"""Write and read OCI image layouts without a daemon.
+
+``build_image`` appends one deterministic layer per ``LayerInput`` to a base image pinned by
+digest and writes config, manifest and index as canonical JSON (sorted keys, no spaces), so
+the manifest digest is a pure function of the spec: same spec, same digest, any machine, any
+day. All blobs pass through the content-addressed store, which verifies them on every read.
+The output layout is assembled in a temp directory beside the target and renamed into
+place, so a failed build leaves the previous output (or nothing), never half of one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import platform
+import shutil
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from frank.errors import FrankError
+from frank.image.layer import build_layer
+from frank.image.spec import ImageSpec
+from frank.image.store import BlobStore, check_digest, sha256_bytes, sha256_file
+
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_CONFIG = "application/vnd.oci.image.config.v1+json"
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
+MANIFEST_TYPES = (OCI_MANIFEST, DOCKER_MANIFEST)
+INDEX_TYPES = (OCI_INDEX, DOCKER_LIST)
+# Docker media types name the same bytes; an OCI manifest must use the OCI names.
+_DOCKER_TO_OCI = {
+    "application/vnd.docker.image.rootfs.diff.tar.gzip":
+        "application/vnd.oci.image.layer.v1.tar+gzip",
+    "application/vnd.docker.image.rootfs.diff.tar": "application/vnd.oci.image.layer.v1.tar",
+    "application/vnd.docker.container.image.v1+json": OCI_CONFIG,
+}
+CREATED_ANNOTATION = "org.opencontainers.image.created"
+BASE_DIGEST_ANNOTATION = "org.opencontainers.image.base.digest"
+REF_NAME_ANNOTATION = "org.opencontainers.image.ref.name"
+
+
+def canonical_json(doc: Any) -> bytes:
+    """Sorted keys, no whitespace, UTF-8: one byte string per document, hence one digest."""
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def epoch_to_rfc3339(epoch: int) -> str:
+    """SOURCE_DATE_EPOCH as the RFC 3339 UTC time OCI ``created`` fields use."""
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _go_arch() -> str:
+    m = platform.machine().lower()
+    return {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(m, m)
+
+
+# --------------------------------------------------------------------------------------------
+# reading a layout
+
+
+def _json_file(path: Path, what: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise FrankError(f"corrupt OCI layout: {what} is missing", file=path) from None
+    except (ValueError, OSError) as exc:
+        raise FrankError(f"corrupt OCI layout: {what} is not valid JSON ({exc})",
+                         file=path) from None
+    if not isinstance(doc, dict):
+        raise FrankError(f"corrupt OCI layout: {what} is not a JSON object", file=path)
+    return doc
+
+
+def layout_blob_path(layout: Path, digest: str) -> Path:
+    """Where a blob sits inside an OCI layout."""
+    check_digest(digest, file=layout)
+    return layout / "blobs" / "sha256" / digest.split(":", 1)[1]
+
+
+def read_layout_blob(layout: Path, digest: str, what: str) -> bytes:
+    """A small blob from a layout, verified against its digest."""
+    path = layout_blob_path(layout, digest)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise FrankError(f"corrupt OCI layout: {what} blob {digest} is missing",
+                         file=path) from None
+    if sha256_bytes(data) != digest:
+        raise FrankError(f"corrupt OCI layout: {what} blob does not match its digest {digest}",
+                         file=path)
+    return data
+
+
+def _parse_json_blob(data: bytes, path: Path, what: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(data)
+    except ValueError as exc:
+        raise FrankError(f"corrupt OCI layout: {what} is not valid JSON ({exc})",
+                         file=path) from None
+    if not isinstance(doc, dict):
+        raise FrankError(f"corrupt OCI layout: {what} is not a JSON object", file=path)
+    return doc
+
+
+def _descriptor(doc: Any, path: Path, what: str) -> tuple[str, int, str]:
+    if not isinstance(doc, dict):
+        raise FrankError(f"corrupt OCI layout: {what} descriptor is not an object", file=path)
+    try:
+        digest, size, mt = doc["digest"], int(doc["size"]), str(doc.get("mediaType", ""))
+    except (KeyError, TypeError, ValueError):
+        raise FrankError(f"corrupt OCI layout: {what} descriptor lacks digest/size",
+                         file=path) from None
+    check_digest(digest, file=path, field=what)
+    return digest, size, mt
+
+
+def layout_manifests(layout: Path) -> list[dict[str, Any]]:
+    """The descriptors in a layout's index.json (checking the layout marker first)."""
+    layout = Path(layout)
+    if not layout.is_dir():
+        raise FrankError("not an OCI layout directory", file=layout)
+    marker = _json_file(layout / "oci-layout", "oci-layout")
+    if "imageLayoutVersion" not in marker:
+        raise FrankError("corrupt OCI layout: oci-layout lacks imageLayoutVersion",
+                         file=layout / "oci-layout")
+    index = _json_file(layout / "index.json", "index.json")
+    manifests = index.get("manifests")
+    if not isinstance(manifests, list) or not manifests:
+        raise FrankError("corrupt OCI layout: index.json lists no manifests",
+                         file=layout / "index.json")
+    return manifests
+
+
+def resolve_manifest(layout: Path, digest: str | None = None,
+                     ref_name: str | None = None) -> tuple[str, bytes, dict[str, Any]]:
+    """(digest, raw bytes, parsed) of an image manifest in a layout, verified.
+
+    ``digest`` selects it (an image index is followed to this machine's platform); without
+    it the manifest tagged ``ref_name``, else the only/first one in index.json is used.
+    """
+    layout = Path(layout)
+    descs = layout_manifests(layout)
+    if digest is None:
+        chosen = descs[0]
+        if ref_name is not None:
+            named = [d for d in descs if isinstance(d, dict)
+                     and d.get("annotations", {}).get(REF_NAME_ANNOTATION) == ref_name]
+            if not named:
+                raise FrankError(f"no image named {ref_name!r} in the layout",
+                                 file=layout / "index.json")
+            chosen = named[0]
+        digest, _, _ = _descriptor(chosen, layout / "index.json", "index.json manifests[0]")
+    check_digest(digest, file=layout)
+    raw = read_layout_blob(layout, digest, "manifest")
+    doc = _parse_json_blob(raw, layout_blob_path(layout, digest), "manifest")
+    mt = doc.get("mediaType", "")
+    if mt in INDEX_TYPES or ("manifests" in doc and "layers" not in doc):
+        arch = _go_arch()
+        for d in doc.get("manifests", []):
+            plat = d.get("platform", {}) if isinstance(d, dict) else {}
+            if plat.get("os", "linux") == "linux" and plat.get("architecture", arch) == arch:
+                sub, _, _ = _descriptor(d, layout_blob_path(layout, digest), "index entry")
+                return resolve_manifest(layout, sub)
+        raise FrankError(f"image index {digest} has no linux/{arch} manifest", file=layout)
+    if "layers" not in doc or "config" not in doc:
+        raise FrankError(f"corrupt OCI layout: manifest {digest} lacks config/layers",
+                         file=layout_blob_path(layout, digest))
+    return digest, raw, doc
+
+
+# --------------------------------------------------------------------------------------------
+# building
+
+
+def _import_blob(store: BlobStore, layout: Path, digest: str, size: int, what: str) -> None:
+    """Make sure the store holds ``digest``, copying (and verifying) it from ``layout``."""
+    if store.has(digest):
+        try:
+            store.verified_path(digest)
+            return
+        except FrankError:
+            pass  # bad cached copy moved aside; re-import from the layout
+    src = layout_blob_path(layout, digest)
+    if not src.is_file():
+        raise FrankError(f"corrupt OCI layout: {what} blob {digest} is missing", file=src)
+    if src.stat().st_size != size:
+        raise FrankError(f"corrupt OCI layout: {what} blob {digest} has size "
+                         f"{src.stat().st_size}, the manifest says {size}", file=src)
+    try:
+        store.put_file(src, expected=digest)
+    except FrankError:
+        raise FrankError(f"corrupt OCI layout: {what} blob does not match its digest {digest}",
+                         file=src) from None
+
+
+def _merge_env(base: list[str], extra: dict[str, str]) -> list[str]:
+    """Base env with ``extra`` overriding by name; base order kept, new names sorted."""
+    out: dict[str, str] = {}
+    for item in base:
+        k, _, v = item.partition("=")
+        out[k] = v
+    for k in sorted(extra):
+        out[k] = extra[k]
+    return [f"{k}={v}" for k, v in out.items()]
+
+
+def _base_from_store_or_layout(spec: ImageSpec, store: BlobStore) -> tuple[bytes, dict[str, Any]]:
+    """The pinned base manifest: from the store when already imported, else the layout."""
+    check_digest(spec.base_digest, field="base_digest")
+    if store.has(spec.base_digest):
+        with contextlib.suppress(FrankError):
+            raw = store.read_bytes(spec.base_digest)
+            doc = json.loads(raw)
+            if isinstance(doc, dict) and "layers" in doc:
+                return raw, doc
+    _, raw, doc = resolve_manifest(spec.base_layout, spec.base_digest)
+    store.put_bytes(raw)
+    return raw, doc
+
+
+def build_image(spec: ImageSpec, store: BlobStore, out_layout: Path, *,
+                ref_name: str | None = None, quiet: bool = True) -> str:
+    """Build ``spec`` into an OCI layout at ``out_layout``; return the manifest digest.
+
+    Layers whose key the store's index knows are reused without re-tarring; everything
+    else is tarred once. ``ref_name`` tags the manifest inside index.json.
+    """
+    from rich.console import Console
+
+    console = Console(stderr=True, quiet=quiet)
+    epoch = int(spec.source_date_epoch)
+    created = epoch_to_rfc3339(epoch)
+    base_layout = Path(spec.base_layout)
+
+    _, base_manifest = _base_from_store_or_layout(spec, store)
+    mpath = base_layout / "blobs" / "sha256"
+    cfg_digest, cfg_size, _ = _descriptor(base_manifest.get("config"), mpath, "config")
+    _import_blob(store, base_layout, cfg_digest, cfg_size, "config")
+    base_config = json.loads(store.read_bytes(cfg_digest))
+    base_layers = base_manifest.get("layers", [])
+    if not isinstance(base_layers, list):
+        raise FrankError("corrupt OCI layout: manifest layers is not a list", file=mpath)
+    layer_descs: list[dict[str, Any]] = []
+    for i, d in enumerate(base_layers):
+        digest, size, mt = _descriptor(d, mpath, f"layers[{i}]")
+        with console.status(f"importing base layer {digest[:19]}"):
+            _import_blob(store, base_layout, digest, size, f"base layer {i}")
+        layer_descs.append({"mediaType": _DOCKER_TO_OCI.get(mt, mt), "digest": digest,
+                            "size": size})
+
+    diff_ids = list(base_config.get("rootfs", {}).get("diff_ids", []))
+    if len(diff_ids) != len(layer_descs):
+        raise FrankError("corrupt OCI layout: base config diff_ids do not match its layers",
+                         file=mpath / cfg_digest.split(":")[1])
+    history = list(base_config.get("history", []))
+    for layer in spec.layers:
+        with console.status(f"layer {layer.name}"):
+            rec, _ = build_layer(store, layer, epoch)
+        layer_descs.append({"mediaType": rec.media_type, "digest": rec.digest, "size": rec.size})
+        diff_ids.append(rec.diff_id)
+        history.append({"created": created, "created_by": f"frank: {layer.name}",
+                        "comment": layer.key})
+
+    config = copy.deepcopy(base_config)
+    config["created"] = created
+    config["history"] = history
+    config["rootfs"] = {"type": "layers", "diff_ids": diff_ids}
+    config.setdefault("architecture", _go_arch())
+    config.setdefault("os", "linux")
+    for stale in ("container", "container_config", "docker_version", "author"):
+        config.pop(stale, None)
+    cc = dict(config.get("config") or {})
+    cc["Env"] = _merge_env(list(cc.get("Env") or []), spec.env)
+    if spec.entrypoint:
+        cc["Entrypoint"] = list(spec.entrypoint)
+        cc["Cmd"] = list(spec.cmd)  # a new entrypoint resets the base's cmd, as Docker does
+    elif spec.cmd:
+        cc["Cmd"] = list(spec.cmd)
+    labels = dict(cc.get("Labels") or {})
+    labels.update(spec.labels)
+    cc["Labels"] = labels
+    config["config"] = cc
+    config_raw = canonical_json(config)
+    config_digest = store.put_bytes(config_raw)
+
+    annotations = dict(spec.annotations)
+    annotations[CREATED_ANNOTATION] = created
+    annotations[BASE_DIGEST_ANNOTATION] = spec.base_digest
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": OCI_MANIFEST,
+        "config": {"mediaType": OCI_CONFIG, "digest": config_digest, "size": len(config_raw)},
+        "layers": layer_descs,
+        "annotations": annotations,
+    }
+    manifest_raw = canonical_json(manifest)
+    manifest_digest = store.put_bytes(manifest_raw)
+
+    desc: dict[str, Any] = {"mediaType": OCI_MANIFEST, "digest": manifest_digest,
+                            "size": len(manifest_raw)}
+    if ref_name:
+        desc["annotations"] = {REF_NAME_ANNOTATION: ref_name}
+    index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [desc]}
+    blobs = [config_digest, manifest_digest, *(d["digest"] for d in layer_descs)]
+    write_layout(store, Path(out_layout), canonical_json(index), blobs)
+    return manifest_digest
+
+
+def write_layout(store: BlobStore, out: Path, index_raw: bytes, blobs: list[str]) -> None:
+    """Assemble a layout in a temp dir next to ``out`` and swap it into place."""
+    out = out.absolute()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        bdir = tmp / "blobs" / "sha256"
+        bdir.mkdir(parents=True)
+        for digest in dict.fromkeys(blobs):
+            src = store.verified_path(digest)
+            shutil.copyfile(src, bdir / digest.split(":", 1)[1])
+        (tmp / "oci-layout").write_bytes(canonical_json({"imageLayoutVersion": "1.0.0"}))
+        (tmp / "index.json").write_bytes(index_raw)
+        for p in (tmp, tmp / "blobs", bdir):
+            os.chmod(p, 0o755)
+        _swap_into_place(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _swap_into_place(new: Path, out: Path) -> None:
+    """Replace ``out`` with ``new``: rename the old aside, rename the new in, drop the old."""
+    if out.exists() or out.is_symlink():
+        if not (out / "oci-layout").exists() and any(out.iterdir()):
+            raise FrankError("output directory exists and is not an OCI layout; "
+                             "refusing to replace it", file=out)
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+        os.rmdir(old)
+        os.replace(out, old)
+        os.replace(new, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(new, out)
+
+
+# --------------------------------------------------------------------------------------------
+# inspecting
+
+
+class LayerInfo(BaseModel):
+    """One layer as ``inspect`` shows it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    digest: str
+    size: int
+    media_type: str
+    created_by: str = ""
+    comment: str = ""
+
+
+class ImageInfo(BaseModel):
+    """What an image carries: enough for ``frank inspect`` to show stack, parts and lock."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: str
+    digest: str
+    config_digest: str
+    created: str | None = None
+    architecture: str | None = None
+    os: str | None = None
+    env: list[str] = []
+    entrypoint: list[str] = []
+    cmd: list[str] = []
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+    layers: list[LayerInfo] = []
+
+
+def image_info(source: str, digest: str, manifest: dict[str, Any],
+               config: dict[str, Any]) -> ImageInfo:
+    """Combine a manifest and its config into an ``ImageInfo`` (history matched to layers)."""
+    hist = [h for h in config.get("history", []) if not h.get("empty_layer")]
+    layers = []
+    for i, d in enumerate(manifest.get("layers", [])):
+        h = hist[i] if i < len(hist) else {}
+        layers.append(LayerInfo(digest=d["digest"], size=int(d["size"]),
+                                media_type=d.get("mediaType", ""),
+                                created_by=h.get("created_by", ""), comment=h.get("comment", "")))
+    cc = config.get("config") or {}
+    return ImageInfo(
+        source=source, digest=digest, config_digest=manifest["config"]["digest"],
+        created=config.get("created"), architecture=config.get("architecture"),
+        os=config.get("os"), env=cc.get("Env") or [], entrypoint=cc.get("Entrypoint") or [],
+        cmd=cc.get("Cmd") or [], labels=cc.get("Labels") or {},
+        annotations=manifest.get("annotations") or {}, layers=layers)
+
+
+def read_layout(layout: Path, *, verify_layers: bool = True) -> ImageInfo:
+    """Read (and verify) the image in an OCI layout; corrupt layouts are one-line errors."""
+    layout = Path(layout)
+    digest, _, manifest = resolve_manifest(layout)
+    cdig, _, _ = _descriptor(manifest["config"], layout, "config")
+    config = _parse_json_blob(read_layout_blob(layout, cdig, "config"),
+                              layout_blob_path(layout, cdig), "config")
+    for i, d in enumerate(manifest["layers"]):
+        ldig, size, _ = _descriptor(d, layout, f"layers[{i}]")
+        p = layout_blob_path(layout, ldig)
+        if not p.is_file():
+            raise FrankError(f"corrupt OCI layout: layer blob {ldig} is missing", file=p)
+        if p.stat().st_size != size:
+            raise FrankError(f"corrupt OCI layout: layer blob {ldig} has the wrong size", file=p)
+        if verify_layers and sha256_file(p) != ldig:
+            raise FrankError(f"corrupt OCI layout: layer blob does not match its digest {ldig}",
+                             file=p)
+    return image_info(str(layout), digest, manifest, config)
+
+
+def read_image(ref: str | Path) -> ImageInfo:
+    """An OCI layout directory or a registry reference (``host/repo[:tag|@digest]``)."""
+    p = Path(ref)
+    if p.is_dir():
+        return read_layout(p)
+    from frank.image.registry import inspect_remote
+
+    return inspect_remote(str(ref))
