@@ -1,0 +1,24 @@
+"""`frank check`: validate every manifest and every stack in the repo."""
+
+from __future__ import annotations
+
+import click
+
+from frank.catalog import Catalog
+from frank.cli.output import emit_json, json_option
+from frank.project import lock_stack, repo_root_for
+
+
+@click.command()
+@json_option
+def check(as_json: bool) -> None:
+    """Validate all parts/ manifests and resolve all stacks/ (writes nothing)."""
+    root = repo_root_for()
+    catalog = Catalog(root)
+    manifests = catalog.all()
+    stacks = [lock_stack(str(p), catalog).lock for p in sorted((root / "stacks").glob("*.toml"))]
+    if as_json:
+        emit_json({"manifests": [m.rel for m in manifests],
+                   "stacks": {s.stack: s.digest for s in stacks}})
+    else:
+        click.echo(f"ok: {len(manifests)} manifests, {len(stacks)} stacks")

@@ -1,0 +1,58 @@
+"""`frank compose STACK`: resolve, lock, plan, and build the image (or its context)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from frank.cli.output import emit_json, json_option
+from frank.errors import FrankError
+from frank.lock import render_lock, write_lock
+from frank.plan import build_plan
+from frank.project import lock_stack
+
+
+@click.command()
+@click.argument("stack")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
+              help="Output folder (default: out/<stack>).")
+@click.option("--locked", is_flag=True, help="Refuse to run if the lock would change.")
+@json_option
+def compose(stack: str, out_dir: Path | None, locked: bool, as_json: bool) -> None:
+    """Resolve STACK, write its lock, its build plan and a Dockerfile build context."""
+    from rich.console import Console
+
+    console = Console(stderr=True, quiet=as_json)
+    with console.status("resolving and hashing inputs"):
+        result = lock_stack(stack)
+    lock_file = result.lock_file
+    if locked:
+        current = lock_file.read_text(encoding="utf-8") if lock_file.is_file() else None
+        if current != render_lock(result.lock):
+            raise FrankError("lock is missing or out of date (run `frank lock`)",
+                             file=lock_file, field="--locked")
+    else:
+        write_lock(result.lock, lock_file)
+    root = result.resolved.root
+    plan = build_plan(result.lock, root)
+    out = out_dir or root / "out" / result.lock.stack
+    with console.status(f"writing build context to {out}"):
+        from frank.context import write_context
+
+        write_context(plan, result.lock, root, out)
+    summary = {
+        "stack": result.lock.stack, "lock": str(lock_file), "digest": result.lock.digest,
+        "out": str(out), "engine": plan.engine.model_dump() if plan.engine else None,
+        "needs_run": plan.needs_run,
+        "layers": [{"index": x.index, "name": x.name, "key": x.key} for x in plan.layers],
+    }
+    if as_json:
+        emit_json(summary)
+        return
+    click.echo(f"{result.lock.stack}: {result.lock.digest}")
+    if plan.engine:
+        click.echo(f"engine path: {plan.engine.strategy} ({plan.engine.why})")
+    for layer in plan.layers:
+        click.echo(f"  layer {layer.index:2d} {layer.name:28s} {layer.key[:16]}")
+    click.echo(f"wrote {out}/plan.json and {out}/context/Dockerfile")

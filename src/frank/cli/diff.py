@@ -1,0 +1,44 @@
+"""`frank diff A B`: stacks (names or paths) or lock files, part by part."""
+
+from __future__ import annotations
+
+import click
+
+from frank.cli.output import emit_json, json_option, print_table
+from frank.diff import diff_locks
+from frank.project import load_lock_any, repo_root_for
+
+
+def _short(value: object) -> str:
+    text = "-" if value is None else str(value)
+    return text if len(text) <= 44 else text[:20] + "…" + text[-20:]
+
+
+@click.command()
+@click.argument("a")
+@click.argument("b")
+@click.option("--exit-code", is_flag=True, help="Exit 1 when the two differ.")
+@json_option
+def diff(a: str, b: str, exit_code: bool, as_json: bool) -> None:
+    """Show what differs between A and B (stack names, stack paths or .lock files)."""
+    result = diff_locks(load_lock_any(a), load_lock_any(b), repo_root_for())
+    if as_json:
+        emit_json(result)
+    else:
+        click.echo(f"{a}: {result['a']['digest']}\n{b}: {result['b']['digest']}")
+        if result["same"]:
+            click.echo("same resolved content")
+        rows = []
+        for p in result["parts"]:
+            rows.append([p["part"], p["change"], _short(p["old"]), _short(p["new"])])
+            for f in p["fields"]:
+                rows.append(["", f"  {f['field']}", _short(f["old"]), _short(f["new"])])
+        for c in result["config"]:
+            rows.append(["(stack)", c["field"], _short(c["old"]), _short(c["new"])])
+        if rows:
+            print_table("parts and config", ["part", "change", a, b], rows)
+        print_table("image layers", ["layer", "state", a, b],
+                    [[x["layer"], x["state"], _short(x["old"] and x["old"][:16]),
+                      _short(x["new"] and x["new"][:16])] for x in result["layers"]])
+    if exit_code and not result["same"]:
+        raise SystemExit(1)

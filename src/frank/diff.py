@@ -1,0 +1,72 @@
+"""What differs between two locks: part by part, field by field, layer by layer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from frank.lock import Lock
+from frank.plan import build_plan
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out or {prefix: {}}
+    return {prefix: value}
+
+
+def field_changes(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
+    """Dotted paths whose value differs, with both values (None where absent)."""
+    a, b = _flatten(old), _flatten(new)
+    return [{"field": k, "old": a.get(k), "new": b.get(k)}
+            for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)]
+
+
+def diff_locks(a: Lock, b: Lock, root: Path) -> dict[str, Any]:
+    """A structured diff of two locks, ready for a table or for JSON."""
+    parts: list[dict[str, Any]] = []
+    names = sorted({p.name for p in a.parts} | {p.name for p in b.parts})
+    for name in names:
+        pa, pb = a.part(name), b.part(name)
+        if pa is None and pb is not None:
+            parts.append({"part": name, "change": "added", "old": None, "new": pb.version,
+                          "fields": []})
+        elif pb is None and pa is not None:
+            parts.append({"part": name, "change": "removed", "old": pa.version, "new": None,
+                          "fields": []})
+        elif pa is not None and pb is not None and pa.key != pb.key:
+            change = "version" if pa.version != pb.version else "changed"
+            fields = field_changes({"spec": pa.spec, "inputs": pa.inputs},
+                                   {"spec": pb.spec, "inputs": pb.inputs})
+            parts.append({"part": name, "change": change, "old": pa.version,
+                          "new": pb.version, "fields": fields})
+        elif pa is not None and pb is not None and pa.spec != pb.spec:
+            parts.append({"part": name, "change": "metadata", "old": pa.version,
+                          "new": pb.version,
+                          "fields": field_changes(pa.spec, pb.spec)})
+    config = field_changes(
+        {"model": a.model, "target": a.target, "base_image": a.base_image,
+         "command": a.command, "flags": a.flags, "env": a.env, "plugins": a.plugins},
+        {"model": b.model, "target": b.target, "base_image": b.base_image,
+         "command": b.command, "flags": b.flags, "env": b.env, "plugins": b.plugins},
+    )
+    la = {x.name: x for x in build_plan(a, root).layers}
+    lb = {x.name: x for x in build_plan(b, root).layers}
+    layers = []
+    for name in [*la, *(n for n in lb if n not in la)]:
+        xa, xb = la.get(name), lb.get(name)
+        if xa is None:
+            state = "added"
+        elif xb is None:
+            state = "removed"
+        else:
+            state = "same" if xa.key == xb.key else "rebuilt"
+        layers.append({"layer": name, "state": state,
+                       "old": xa.key if xa else None, "new": xb.key if xb else None})
+    same = a.digest == b.digest
+    return {"a": {"stack": a.stack, "digest": a.digest}, "b": {"stack": b.stack,
+            "digest": b.digest}, "same": same, "parts": parts, "config": config,
+            "layers": layers}

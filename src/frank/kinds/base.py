@@ -1,0 +1,185 @@
+"""What every part has, and the small protocol every kind implements.
+
+Like pre-commit's one module per language behind one interface: each kind's module says
+what content keys it (``inputs``), what it adds to the image (``layer``), what env and
+engine flags it adds (``env``, ``flags``). The common fields (provenance, status, evidence,
+requires/conflicts/replaces, revert) live here once.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, model_validator
+
+from frank.errors import FrankError
+from frank.fsutil import repo_path
+from frank.hashing import sha256_file, sha256_tree
+
+_SLUG = re.compile(r"[a-z0-9][a-z0-9._-]*")
+
+FlagValue = str | int | float | bool
+
+
+def check_slug(value: str) -> str:
+    """Names and versions are lower-case slugs: they become file names and layer names."""
+    if not _SLUG.fullmatch(value):
+        raise ValueError(f"{value!r} is not a lower-case slug ([a-z0-9][a-z0-9._-]*)")
+    return value
+
+
+Slug = Annotated[str, AfterValidator(check_slug)]
+Status = Literal["served", "candidate", "parked", "rejected"]
+
+
+class Strict(BaseModel):
+    """Base of every model: unknown fields are refused, values are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Provenance(Strict):
+    """Where a part comes from and who to credit."""
+
+    upstream: str | None = None
+    credits: list[str] = []
+    licence: str
+
+
+class Evidence(Strict):
+    """The rule written before the test, and what the test found."""
+
+    rule: str
+    result: str
+    design: str | None = None
+    trial: str | None = None
+
+
+class Revert(Strict):
+    """One step back for this part: remove it, or return to a named earlier version."""
+
+    action: Literal["remove", "version"]
+    to: Slug | None = None
+    rule: str | None = None
+
+    @model_validator(mode="after")
+    def _to_matches_action(self) -> Revert:
+        if self.action == "version" and self.to is None:
+            raise ValueError("revert.action 'version' needs revert.to (the earlier version)")
+        if self.action == "remove" and self.to is not None:
+            raise ValueError("revert.action 'remove' takes no revert.to")
+        return self
+
+
+@dataclass(frozen=True)
+class FileCopy:
+    """A file or tree from the repo (``src``, repo-relative) placed at ``dest`` in the image."""
+
+    src: str
+    dest: str
+
+
+@dataclass(frozen=True)
+class LayerContribution:
+    """What a part adds to the image: files to copy, or commands that must run inside it."""
+
+    files: tuple[FileCopy, ...] = ()
+    generated: tuple[tuple[str, str], ...] = ()  # (dest in image, text) made by frank
+    pip_install: tuple[str, ...] = ()  # dests in the image of pure-Python packages to install
+    run: tuple[str, ...] = ()  # shell commands that must run inside the image
+    why: str = ""
+
+
+@dataclass
+class PartContext:
+    """Where a part's manifest lives, for resolving and hashing its repo paths."""
+
+    root: Path
+    manifest: Path
+    notes: list[str] = field(default_factory=list)
+
+    def path(self, value: str, field_name: str, must_exist: bool = True) -> Path:
+        """A repo path named by a manifest field, checked to stay inside the repo."""
+        return repo_path(self.root, value, file=self.manifest, field=field_name,
+                         must_exist=must_exist)
+
+    def file_hash(self, value: str, field_name: str, expected: str | None = None) -> str:
+        """sha256 of a repo file; a declared hash that does not match is an error."""
+        path = self.path(value, field_name)
+        if not path.is_file():
+            raise FrankError(f"{value!r} is not a file", file=self.manifest, field=field_name)
+        actual = sha256_file(path)
+        if expected is not None and actual != expected:
+            raise FrankError(
+                f"sha256 mismatch for {value}: manifest says {expected}, file has {actual}",
+                file=self.manifest, field=field_name,
+            )
+        return actual
+
+    def tree_hash(self, value: str, field_name: str) -> str:
+        """Hash of a repo directory's content."""
+        path = self.path(value, field_name)
+        if not path.is_dir():
+            raise FrankError(f"{value!r} is not a directory", file=self.manifest,
+                             field=field_name)
+        return sha256_tree(path)
+
+
+class PartBase(Strict):
+    """Fields common to every kind of part."""
+
+    # Subclasses set these; they drive layer order (least often changed first) and
+    # which fields hold the artifact (may be empty only for parked/rejected parts).
+    layer_rank: ClassVar[int] = 50
+    artifact_fields: ClassVar[tuple[str, ...]] = ()
+
+    kind: str
+    name: Slug
+    version: Slug
+    summary: str
+    provenance: Provenance
+    status: Status
+    evidence: Evidence | None = None
+    requires: list[Slug] = []
+    conflicts: list[Slug] = []
+    replaces: str | None = None
+    revert: Revert
+
+    @model_validator(mode="after")
+    def _artifact_present_unless_shelved(self) -> PartBase:
+        if self.status in ("served", "candidate"):
+            for name in self.artifact_fields:
+                if getattr(self, name) is None:
+                    raise ValueError(
+                        f"{name} is required for a {self.status} part "
+                        "(only parked or rejected parts may lack their artifact)"
+                    )
+        return self
+
+    def missing_artifact(self) -> str | None:
+        """The first artifact field left empty (such a part cannot go into a stack)."""
+        return next((n for n in self.artifact_fields if getattr(self, n) is None), None)
+
+    # --- the protocol every kind implements -------------------------------------------
+    def inputs(self, ctx: PartContext) -> dict[str, str]:
+        """Content hashes (label -> sha256) of the files this part brings, verified."""
+        return {}
+
+    def layer(self, ctx: PartContext) -> LayerContribution | None:
+        """What this part adds to the image, or None when it adds only config."""
+        return None
+
+    def env(self) -> dict[str, str]:
+        """Environment variables the engine gets from this part."""
+        return {}
+
+    def flags(self) -> dict[str, FlagValue]:
+        """Engine flags (without leading dashes) this part adds."""
+        return {}
+
+    def plugin_names(self) -> list[str]:
+        """vLLM plugin entry-point names this part needs loaded (VLLM_PLUGINS)."""
+        return []

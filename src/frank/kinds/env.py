@@ -1,0 +1,42 @@
+"""Env switch: variables and their values, set in the image config and at serve time."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import AfterValidator, field_validator
+
+from frank.kinds.base import PartBase
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_env_name(value: str) -> str:
+    """An environment variable name."""
+    if not _ENV_NAME.fullmatch(value):
+        raise ValueError(f"{value!r} is not an environment variable name")
+    return value
+
+
+EnvName = Annotated[str, AfterValidator(check_env_name)]
+
+
+class EnvSwitch(PartBase):
+    """A switch the engine or a runtime reads from its environment."""
+
+    layer_rank: ClassVar[int] = 95
+    artifact_fields: ClassVar[tuple[str, ...]] = ("variables",)
+
+    kind: Literal["env"]
+    variables: dict[EnvName, str] | None = None
+
+    @field_validator("variables")
+    @classmethod
+    def _not_empty(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        if value is not None and not value:
+            raise ValueError("an env switch needs at least one variable")
+        return value
+
+    def env(self) -> dict[str, str]:
+        return dict(self.variables or {})

@@ -1,0 +1,70 @@
+"""Kernel: our own CUDA source, compiled for the target archs against the image's torch."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import AfterValidator
+
+from frank.kinds.base import FileCopy, LayerContribution, PartBase, PartContext
+from frank.kinds.plugin import EntryPoint, package_dest
+
+_ARCH = re.compile(r"sm_[0-9]{2,3}[af]?")
+
+
+def check_arch(value: str) -> str:
+    """A CUDA arch name such as ``sm_120`` or ``sm_90a``."""
+    if not _ARCH.fullmatch(value):
+        raise ValueError(f"{value!r} is not a CUDA arch like sm_120 or sm_90a")
+    return value
+
+
+Arch = Annotated[str, AfterValidator(check_arch)]
+
+
+def kernel_dest(part_name: str) -> str:
+    """Where a kernel's source tree lands in the image to be built."""
+    return f"/opt/frank/kernels/{part_name}"
+
+
+class Kernel(PartBase):
+    """A CUDA kernel that replaces one engine op, swapped in by its plugin."""
+
+    layer_rank: ClassVar[int] = 60
+    artifact_fields: ClassVar[tuple[str, ...]] = ("source",)
+
+    kind: Literal["kernel"]
+    source: str | None = None
+    archs: list[Arch]
+    replaces_op: str
+    build: str  # run from the source folder; CUDA_ARCHS holds the arch list
+    plugin: EntryPoint | None = None
+
+    def inputs(self, ctx: PartContext) -> dict[str, str]:
+        assert self.source is not None
+        out = {self.source: ctx.tree_hash(self.source, "source")}
+        if self.plugin is not None and not self.plugin.package.startswith(self.source + "/"):
+            out[self.plugin.package] = ctx.tree_hash(self.plugin.package, "plugin.package")
+        return out
+
+    def layer(self, ctx: PartContext) -> LayerContribution | None:
+        assert self.source is not None
+        dest = kernel_dest(self.name)
+        files = [FileCopy(self.source, dest)]
+        pip: tuple[str, ...] = ()
+        if self.plugin is not None:
+            if self.plugin.package.startswith(self.source + "/"):
+                pip = (f"{dest}/{self.plugin.package[len(self.source) + 1:]}",)
+            else:
+                files.append(FileCopy(self.plugin.package, package_dest(self.name)))
+                pip = (package_dest(self.name),)
+        return LayerContribution(
+            files=tuple(files),
+            run=(f"cd {dest} && CUDA_ARCHS='{' '.join(self.archs)}' {self.build}",),
+            pip_install=pip,
+            why=f"compiled for {', '.join(self.archs)} against the image's torch",
+        )
+
+    def plugin_names(self) -> list[str]:
+        return [self.plugin.name] if self.plugin is not None else []

@@ -1,0 +1,179 @@
+"""Resolve a stack: load each part's manifest, check the set, hash every input.
+
+Checks, each an error naming both sides: a missing requirement, a declared conflict, two
+parts replacing the same thing, two sources for one env variable or engine flag, a part
+that is parked without its artifact, a patch whose base commit is not the engine's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from frank.catalog import Catalog, Manifest
+from frank.errors import FrankError
+from frank.kinds.base import FlagValue, PartContext
+from frank.kinds.engine import EngineBase
+from frank.kinds.patch import Patch
+from frank.stack import Stack, load_stack
+from frank.tomlio import read_toml
+
+# Fields that describe a part's history, not what gets built or run: they are kept in the
+# lock but left out of the stack digest, so adopting a part does not change a digest.
+METADATA_FIELDS = frozenset({"summary", "provenance", "status", "evidence", "revert"})
+
+
+@dataclass(frozen=True)
+class ResolvedPart:
+    """A part in a resolved stack with the content hashes of its inputs."""
+
+    manifest: Manifest
+    inputs: dict[str, str]
+
+    @property
+    def name(self) -> str:
+        return self.manifest.part.name
+
+    def build_spec(self) -> dict[str, Any]:
+        """The manifest's fields that decide what is built and run."""
+        data = self.manifest.part.model_dump(mode="json")
+        return {k: v for k, v in data.items() if k not in METADATA_FIELDS}
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A stack after resolution: ordered parts and the final engine config."""
+
+    stack: Stack
+    root: Path
+    parts: list[ResolvedPart]  # in layer order: least often changed first
+    flags: dict[str, FlagValue]
+    env: dict[str, str]
+    plugins: list[str]
+    base_image: dict[str, str]
+
+
+def _stack_rel(stack: Stack, root: Path, path: Path) -> str:
+    return path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
+
+
+def load_base_image(root: Path, name: str, stack_file: Path) -> dict[str, str]:
+    """The base image definition ``images/<name>.toml``, identified by content.
+
+    A registry image must be pinned by digest (``ref = NAME@sha256:...``; a tag alone is
+    refused). A base made on the machine (a debootstrap recipe) is identified by the
+    definition's sha256; the builder records the digest it got.
+    """
+    from frank.hashing import sha256_file
+    from frank.pins import check_image_ref
+
+    path = root / "images" / f"{name}.toml"
+    if not path.is_file():
+        raise FrankError(f"no base image definition images/{name}.toml", file=stack_file,
+                         field="image.base")
+    raw = read_toml(path)
+    out = {"name": name, "definition_sha256": sha256_file(path)}
+    ref = raw.get("ref")
+    if ref is not None:
+        try:
+            out["ref"] = check_image_ref(str(ref))
+        except ValueError as exc:
+            raise FrankError(str(exc), file=path, field="ref") from None
+    elif "debootstrap" not in raw:
+        raise FrankError("needs ref (NAME@sha256:...) or a [debootstrap] recipe", file=path,
+                         field="ref")
+    return out
+
+
+def resolve(stack_path: Path, root: Path, catalog: Catalog | None = None) -> Resolved:
+    """Load, merge and check a stack; hash every input of every part."""
+    stack = load_stack(stack_path)
+    catalog = catalog or Catalog(root)
+    manifests: dict[str, Manifest] = {}
+    for name, version in stack.parts.items():
+        file, field = stack.origin[name]
+        manifests[name] = catalog.get(name, version, file=file, field=field)
+        missing = manifests[name].part.missing_artifact()
+        if missing is not None:
+            raise FrankError(
+                f"{name} {version} is {manifests[name].part.status} and has no {missing}; "
+                "it cannot go into a stack", file=file, field=field)
+    _check_relations(stack, manifests)
+
+    parts = []
+    for m in manifests.values():
+        ctx = PartContext(root=root, manifest=m.path)
+        parts.append(ResolvedPart(manifest=m, inputs=m.part.inputs(ctx)))
+    parts.sort(key=lambda rp: (type(rp.manifest.part).layer_rank, rp.name))
+
+    flags, env = _merge_config(stack, parts)
+    plugins = sorted({p for rp in parts for p in rp.manifest.part.plugin_names()})
+    base = load_base_image(root, stack.image.base, stack.path)
+    return Resolved(stack=stack, root=root, parts=parts, flags=flags, env=env,
+                    plugins=plugins, base_image=base)
+
+
+def _check_relations(stack: Stack, manifests: dict[str, Manifest]) -> None:
+    def where(name: str) -> tuple[Path, str]:
+        return stack.origin[name]
+
+    replaced: dict[str, str] = {}
+    for name in sorted(manifests):
+        m = manifests[name]
+        part = m.part
+        file, field = where(name)
+        for req in part.requires:
+            if req not in manifests:
+                raise FrankError(f"{name} requires {req}, which the stack lacks "
+                                 f"(declared in {m.rel})", file=file, field=field)
+        for other in part.conflicts:
+            if other in manifests:
+                raise FrankError(f"{name} conflicts with {other} (declared in {m.rel}); "
+                                 f"{other} is set at {where(other)[1]}", file=file, field=field)
+        if part.replaces is not None:
+            if part.replaces in replaced:
+                first = replaced[part.replaces]
+                raise FrankError(f"{first} and {name} both replace {part.replaces!r}",
+                                 file=file, field=field)
+            replaced[part.replaces] = name
+    engines = [m for m in manifests.values() if isinstance(m.part, EngineBase)]
+    if len(engines) > 1:
+        a, b = engines[0].part.name, engines[1].part.name
+        raise FrankError(f"two engine bases: {a} and {b}", file=stack.path, field="parts")
+    for m in manifests.values():
+        if isinstance(m.part, EngineBase):
+            for patch in m.part.patches:
+                if patch not in manifests:
+                    raise FrankError(f"{m.part.name} carries patch {patch}, which the stack "
+                                     f"lacks (declared in {m.rel})", file=stack.path,
+                                     field=where(m.part.name)[1])
+        if isinstance(m.part, Patch) and engines:
+            engine = engines[0].part
+            assert isinstance(engine, EngineBase)
+            if engine.commit not in m.part.applies_to:
+                raise FrankError(
+                    f"{m.part.name} applies to {', '.join(c[:12] for c in m.part.applies_to)}"
+                    f" but {engine.name} is at {str(engine.commit)[:12]}",
+                    file=where(m.part.name)[0], field=where(m.part.name)[1])
+
+
+def _merge_config(stack: Stack, parts: list[ResolvedPart]
+                  ) -> tuple[dict[str, FlagValue], dict[str, str]]:
+    flags: dict[str, FlagValue] = dict(stack.flags)
+    env: dict[str, str] = dict(stack.env)
+    flag_from = dict.fromkeys(flags, f"{stack.path.name} [flags]")
+    env_from = dict.fromkeys(env, f"{stack.path.name} [env]")
+    for rp in parts:
+        part = rp.manifest.part
+        for key, value in part.flags().items():
+            if key in flag_from:
+                raise FrankError(f"flag {key!r} is set by both {flag_from[key]} and {part.name}",
+                                 file=rp.manifest.path, field="flags")
+            flags[key], flag_from[key] = value, part.name
+        for key, val in part.env().items():
+            if key in env_from:
+                raise FrankError(f"variable {key} is set by both {env_from[key]} and "
+                                 f"{part.name}", file=rp.manifest.path, field="env")
+            env[key], env_from[key] = val, part.name
+    return dict(sorted(flags.items())), dict(sorted(env.items()))

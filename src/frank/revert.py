@@ -1,0 +1,142 @@
+"""One step back for a part, as its manifest's ``revert`` says, written into the stack file.
+
+The stack file is edited with tomlkit so the person's comments and order stay. Where the
+part was set decides the edit: a part this file adds or lists is dropped or re-versioned
+in place; a part inherited from the parent is taken out with ``remove`` or moved with
+``replace``. The new stack is resolved before anything is written; then the stack file,
+its lock and a history entry are written, each atomically.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tomlkit
+from tomlkit.items import Array, Table
+
+from frank.catalog import Catalog
+from frank.errors import FrankError
+from frank.fsutil import write_atomic
+from frank.lock import Lock, build_lock, lock_path, write_lock
+from frank.resolve import resolve
+from frank.stack import load_stack
+
+
+@dataclass
+class RevertResult:
+    """What a revert did (or would do)."""
+
+    part: str
+    action: str
+    old_version: str
+    new_version: str | None
+    stack_text: str
+    old_text: str
+    lock: Lock
+    old_lock: Lock
+
+
+def _drop(doc: Any, table: str, name: str) -> None:
+    tbl = doc[table]
+    del tbl[name]
+    if isinstance(tbl, Table) and not tbl:
+        del doc[table]
+
+
+def _append_remove(doc: Any, name: str) -> None:
+    if "remove" not in doc:
+        arr = tomlkit.array()
+        arr.append(name)
+        doc["remove"] = arr
+    else:
+        arr = doc["remove"]
+        assert isinstance(arr, Array)
+        arr.append(name)
+
+
+def _set_in_table(doc: Any, table: str, name: str, version: str) -> None:
+    if table not in doc:
+        doc[table] = tomlkit.table()
+    doc[table][name] = version
+
+
+def edit_stack(text: str, stack_path: Path, part: str, origin: tuple[Path, str],
+               action: str, to: str | None, parent_version: str | None) -> str:
+    """The stack file's new text after reverting ``part``."""
+    doc = tomlkit.parse(text)
+    file, field = origin
+    table = field.split(".", 1)[0]
+    own = file == stack_path
+    if action == "remove":
+        if own and table in ("add", "parts"):
+            _drop(doc, table, part)
+        else:
+            if own and table == "replace":
+                _drop(doc, "replace", part)
+            _append_remove(doc, part)
+    else:
+        assert to is not None
+        if own and table in ("add", "parts"):
+            doc[table][part] = to
+        elif own and table == "replace" and parent_version == to:
+            _drop(doc, "replace", part)
+        else:
+            _set_in_table(doc, "replace", part, to)
+    return tomlkit.dumps(doc)
+
+
+def plan_revert(stack_file: Path, part: str, root: Path) -> RevertResult:
+    """Work out the revert and resolve the result, writing nothing."""
+    stack = load_stack(stack_file)
+    if part not in stack.parts:
+        raise FrankError(f"the stack has no part {part!r} to revert", file=stack_file,
+                         field="parts")
+    catalog = Catalog(root)
+    origin = stack.origin[part]
+    manifest = catalog.get(part, stack.parts[part], file=origin[0], field=origin[1])
+    revert = manifest.part.revert
+    if revert.action == "version":
+        assert revert.to is not None
+        catalog.get(part, revert.to, file=manifest.path, field="revert.to")
+    parent_version = None
+    if len(stack.chain) > 1:
+        parent_version = load_stack(stack.chain[-2]).parts.get(part)
+    old_text = stack_file.read_text(encoding="utf-8")
+    new_text = edit_stack(old_text, stack.path, part, origin, revert.action, revert.to,
+                          parent_version)
+    old_lock = build_lock(resolve(stack_file, root, catalog))
+    # Resolve the edited stack from a temp file beside the original (same relative paths).
+    tmp = stack_file.with_name(f".{stack_file.stem}.revert.toml")
+    try:
+        tmp.write_text(new_text, encoding="utf-8")
+        new_lock = build_lock(resolve(tmp, root, catalog))
+    finally:
+        tmp.unlink(missing_ok=True)
+    new_lock = new_lock.model_copy(update={"stack": stack.name})
+    return RevertResult(part=part, action=revert.action, old_version=stack.parts[part],
+                        new_version=revert.to, stack_text=new_text, old_text=old_text,
+                        lock=new_lock, old_lock=old_lock)
+
+
+def history_path(stack_file: Path) -> Path:
+    """Where a stack's history lives: ``stacks/<name>.history.jsonl``."""
+    return stack_file.with_name(f"{stack_file.stem}.history.jsonl")
+
+
+def apply_revert(stack_file: Path, result: RevertResult, why: str | None) -> None:
+    """Write the stack file, its lock and one history line."""
+    entry = {
+        "time": dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat(),
+        "action": f"revert:{result.action}", "part": result.part,
+        "from": result.old_version, "to": result.new_version, "why": why,
+        "digest_before": result.old_lock.digest, "digest_after": result.lock.digest,
+    }
+    hist = history_path(stack_file)
+    old = hist.read_text(encoding="utf-8") if hist.is_file() else ""
+    write_atomic(stack_file, result.stack_text)
+    write_lock(result.lock, lock_path(stack_file))
+    write_atomic(hist, old + json.dumps(entry, sort_keys=True) + "\n")

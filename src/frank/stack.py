@@ -1,0 +1,195 @@
+"""Stack files and their inheritance.
+
+A root stack lists its parts in ``[parts]`` (name = version). A stack that ``extends``
+another never restates them; it changes them, keyed by part name:
+
+- ``[add]``      name = version: the part must not be in the parent;
+- ``remove``     [names]: each must be in the parent;
+- ``[replace]``  name = version: must be in the parent, at another version;
+- ``[flags]`` / ``[env]``: merged key by key over the parent's; ``remove_flags`` /
+  ``remove_env`` drop inherited keys; ``[model]``, ``[target]``, ``[image]`` override
+  field by field.
+
+A name may appear in only one of add/remove/replace. Every violation is an error naming
+the stack file, the field and the other side (the parent file that has or lacks the part).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError
+
+from frank.errors import FrankError
+from frank.kinds.base import FlagValue, Slug, Strict
+from frank.kinds.env import EnvName
+from frank.kinds.kernel import Arch
+from frank.tomlio import read_toml, validation_to_error
+
+
+class ModelSpec(Strict):
+    """The model the stack serves (its weights come from a weights part)."""
+
+    name: str
+
+
+class Target(Strict):
+    """The machine the stack is built for (``arch = "cpu"`` for CPU-only smoke stacks)."""
+
+    arch: Arch | Literal["cpu"]
+    gpus: int = Field(ge=0)
+
+
+class ImageChoice(Strict):
+    """Which base image definition (``images/<base>.toml``) the image starts from."""
+
+    base: Slug
+
+
+class StackFile(Strict):
+    """One stack file as written; see the module docstring for the merge rules."""
+
+    description: str | None = None
+    extends: str | None = None
+    model: dict[str, Any] | None = None
+    target: dict[str, Any] | None = None
+    image: dict[str, Any] | None = None
+    command: list[str] | None = None  # engine command before the model; default vllm serve
+    flags: dict[str, FlagValue] = {}
+    env: dict[EnvName, str] = {}
+    parts: dict[Slug, Slug] | None = None
+    add: dict[Slug, Slug] = {}
+    remove: list[Slug] = []
+    replace: dict[Slug, Slug] = {}
+    remove_flags: list[str] = []
+    remove_env: list[str] = []
+
+
+@dataclass
+class Stack:
+    """A stack after inheritance: what resolve works from."""
+
+    path: Path
+    name: str
+    model: ModelSpec
+    target: Target
+    image: ImageChoice
+    command: list[str]
+    flags: dict[str, FlagValue]
+    env: dict[str, str]
+    parts: dict[str, str]
+    # part name -> (stack file, field) that put it there at its current version
+    origin: dict[str, tuple[Path, str]] = field(default_factory=dict)
+    chain: list[Path] = field(default_factory=list)
+
+
+def load_stack_file(path: Path) -> StackFile:
+    """Parse and validate one stack file (no inheritance)."""
+    raw = read_toml(path)
+    try:
+        sf = StackFile.model_validate(raw)
+    except ValidationError as exc:
+        raise validation_to_error(exc, path) from None
+    if sf.extends is None:
+        for name in ("add", "remove", "replace", "remove_flags", "remove_env"):
+            if getattr(sf, name):
+                raise FrankError("only a stack that extends another may use it",
+                                 file=path, field=name)
+        for name in ("parts", "model", "target", "image"):
+            if getattr(sf, name) is None:
+                raise FrankError("a root stack (no extends) needs it", file=path, field=name)
+    elif sf.parts is not None:
+        raise FrankError("a stack that extends another changes parts with add/remove/replace",
+                         file=path, field="parts")
+    seen: dict[str, str] = {}
+    for field_name, names in (("add", sf.add), ("remove", sf.remove), ("replace", sf.replace)):
+        for name in names:
+            if name in seen:
+                raise FrankError(f"{name!r} is in both {seen[name]} and {field_name}",
+                                 file=path, field=f"{field_name}.{name}")
+            seen[name] = field_name
+    return sf
+
+
+def _sub_model(cls: type[Strict], raw: dict[str, Any], path: Path, field_name: str) -> Any:
+    try:
+        return cls.model_validate(raw)
+    except ValidationError as exc:
+        err = validation_to_error(exc, path)
+        err.field = f"{field_name}.{err.field}" if err.field else field_name
+        raise err from None
+
+
+def load_stack(path: Path, _seen: tuple[Path, ...] = ()) -> Stack:
+    """Load a stack file and everything it extends, applying the merge rules."""
+    path = path.resolve()
+    if path in _seen:
+        cycle = " -> ".join(p.name for p in (*_seen, path))
+        raise FrankError(f"inheritance cycle: {cycle}", file=_seen[-1], field="extends")
+    sf = load_stack_file(path)
+    name = path.stem
+    if sf.extends is None:
+        assert sf.parts is not None and sf.model and sf.target and sf.image
+        return Stack(
+            path=path, name=name,
+            model=_sub_model(ModelSpec, sf.model, path, "model"),
+            target=_sub_model(Target, sf.target, path, "target"),
+            image=_sub_model(ImageChoice, sf.image, path, "image"),
+            command=sf.command or ["vllm", "serve"], flags=dict(sf.flags), env=dict(sf.env),
+            parts=dict(sf.parts),
+            origin={n: (path, f"parts.{n}") for n in sf.parts}, chain=[path],
+        )
+    parent_path = (path.parent / sf.extends).resolve()
+    if not parent_path.is_file():
+        raise FrankError(f"{sf.extends!r} does not exist", file=path, field="extends")
+    parent = load_stack(parent_path, (*_seen, path))
+    return _apply(parent, sf, path)
+
+
+def _apply(parent: Stack, sf: StackFile, path: Path) -> Stack:
+    parts, origin = dict(parent.parts), dict(parent.origin)
+    for n, version in sf.add.items():
+        if n in parts:
+            raise FrankError(f"{n!r} is already in {parent.path.name} (use replace)",
+                             file=path, field=f"add.{n}")
+        parts[n], origin[n] = version, (path, f"add.{n}")
+    for n in sf.remove:
+        if n not in parts:
+            raise FrankError(f"{n!r} is not in {parent.path.name}", file=path,
+                             field=f"remove.{n}")
+        del parts[n]
+        origin.pop(n)
+    for n, version in sf.replace.items():
+        if n not in parts:
+            raise FrankError(f"{n!r} is not in {parent.path.name} (use add)", file=path,
+                             field=f"replace.{n}")
+        if parts[n] == version:
+            raise FrankError(f"{n!r} is already at {version!r} in {parent.path.name}",
+                             file=path, field=f"replace.{n}")
+        parts[n], origin[n] = version, (path, f"replace.{n}")
+    flags = {**parent.flags, **sf.flags}
+    for key in sf.remove_flags:
+        if key not in flags:
+            raise FrankError(f"{key!r} is not an inherited flag", file=path, field="remove_flags")
+        del flags[key]
+    env = {**parent.env, **sf.env}
+    for key in sf.remove_env:
+        if key not in env:
+            raise FrankError(f"{key!r} is not an inherited variable", file=path,
+                             field="remove_env")
+        del env[key]
+
+    def merged(cls: type[Strict], current: Strict, raw: dict[str, Any] | None, f: str) -> Any:
+        return current if raw is None else _sub_model(cls, {**current.model_dump(), **raw},
+                                                      path, f)
+
+    return Stack(
+        path=path, name=path.stem,
+        model=merged(ModelSpec, parent.model, sf.model, "model"),
+        target=merged(Target, parent.target, sf.target, "target"),
+        image=merged(ImageChoice, parent.image, sf.image, "image"),
+        command=sf.command or parent.command, flags=flags, env=env, parts=parts,
+        origin=origin, chain=[*parent.chain, path],
+    )
