@@ -192,7 +192,8 @@ def layout_from_rootfs(rootfs: Path, store: BlobStore, out: Path, *, epoch: int,
     digest = store.put_bytes(manifest_raw)
     index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [
         {"mediaType": OCI_MANIFEST, "digest": digest, "size": len(manifest_raw)}]}
-    write_layout(store, out, canonical_json(index), [config_digest, digest, w.digest])
+    write_layout(store, out, canonical_json(index), [config_digest, digest, w.digest],
+                 epoch=epoch)
     return digest
 
 

@@ -310,12 +310,18 @@ def build_image(spec: ImageSpec, store: BlobStore, out_layout: Path, *,
         desc["annotations"] = {REF_NAME_ANNOTATION: ref_name}
     index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [desc]}
     blobs = [config_digest, manifest_digest, *(d["digest"] for d in layer_descs)]
-    write_layout(store, Path(out_layout), canonical_json(index), blobs)
+    write_layout(store, Path(out_layout), canonical_json(index), blobs, epoch=epoch)
     return manifest_digest
 
 
-def write_layout(store: BlobStore, out: Path, index_raw: bytes, blobs: list[str]) -> None:
-    """Assemble a layout in a temp dir next to ``out`` and swap it into place."""
+def write_layout(store: BlobStore, out: Path, index_raw: bytes, blobs: list[str], *,
+                 epoch: int = 0) -> None:
+    """Assemble a layout in a temp dir next to ``out`` and swap it into place.
+
+    File modes are fixed (0644/0755) and mtimes set to ``epoch`` so two layouts of the same
+    image are identical to the metadata, whatever the umask or the clock (diffoscope checks
+    both).
+    """
     out = out.absolute()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
@@ -327,8 +333,15 @@ def write_layout(store: BlobStore, out: Path, index_raw: bytes, blobs: list[str]
             shutil.copyfile(src, bdir / digest.split(":", 1)[1])
         (tmp / "oci-layout").write_bytes(canonical_json({"imageLayoutVersion": "1.0.0"}))
         (tmp / "index.json").write_bytes(index_raw)
-        for p in (tmp, tmp / "blobs", bdir):
+        for p in bdir.iterdir():
+            os.chmod(p, 0o644)
+            os.utime(p, (epoch, epoch))
+        for p in (tmp / "oci-layout", tmp / "index.json"):
+            os.chmod(p, 0o644)
+            os.utime(p, (epoch, epoch))
+        for p in (bdir, tmp / "blobs", tmp):
             os.chmod(p, 0o755)
+            os.utime(p, (epoch, epoch))
         _swap_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

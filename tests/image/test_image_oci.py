@@ -1,0 +1,225 @@
+"""The daemonless OCI builder: reproducible digests, layer reuse, clean failures."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from frank.errors import FrankError
+from frank.image.base import BaseImage
+from frank.image.oci import build_image, read_image, read_layout, resolve_manifest
+from frank.image.spec import ImageSpec
+from frank.image.store import BlobStore
+from tests.image.image_helpers import EPOCH, make_sources, make_spec
+
+_SUBPROCESS_BUILD = """
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from tests.image.image_helpers import make_sources, make_spec
+from frank.image.base import BaseImage
+from frank.image.oci import build_image
+from frank.image.store import BlobStore
+base = BaseImage(name="b", layout=Path(sys.argv[2]), digest=sys.argv[3])
+src = make_sources(Path(sys.argv[4]))
+print(build_image(make_spec(base, src), BlobStore(Path(sys.argv[5])), Path(sys.argv[6])))
+"""
+
+
+def _tree_bytes(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file()}
+
+
+def test_two_clean_builds_are_identical(tmp_path: Path, mini_base: BaseImage) -> None:
+    """Two directories, two caches, two times, another process with another TZ and umask."""
+    src1 = make_sources(tmp_path / "one" / "src")
+    d1 = build_image(make_spec(mini_base, src1), BlobStore(tmp_path / "one" / "cache"),
+                     tmp_path / "one" / "out")
+    time.sleep(1.1)
+    env = {**os.environ, "TZ": "Asia/Tokyo", "LC_ALL": "C"}
+    proc = subprocess.run(
+        ["sh", "-c", 'umask 077 && exec "$@"', "sh", sys.executable, "-c", _SUBPROCESS_BUILD,
+         str(Path(__file__).parents[2]), str(mini_base.layout), mini_base.digest,
+         str(tmp_path / "two" / "src"), str(tmp_path / "two" / "cache"),
+         str(tmp_path / "two" / "out")],
+        capture_output=True, text=True, env=env, cwd=tmp_path, check=True)
+    d2 = proc.stdout.strip()
+    assert d1 == d2
+    a, b = _tree_bytes(tmp_path / "one" / "out"), _tree_bytes(tmp_path / "two" / "out")
+    assert a.keys() == b.keys() and a == b
+    if shutil.which("diffoscope"):
+        r = subprocess.run(["diffoscope", "--no-progress", str(tmp_path / "one" / "out"),
+                            str(tmp_path / "two" / "out")], capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout[-2000:]
+
+
+def test_digest_depends_on_epoch(tmp_path: Path, mini_base: BaseImage,
+                                 store: BlobStore) -> None:
+    src = make_sources(tmp_path / "src")
+    d1 = build_image(make_spec(mini_base, src), store, tmp_path / "a")
+    d2 = build_image(make_spec(mini_base, src, epoch=EPOCH + 1), store, tmp_path / "b")
+    assert d1 != d2
+
+
+def test_config_and_manifest_content(tmp_path: Path, mini_base: BaseImage,
+                                     store: BlobStore) -> None:
+    src = make_sources(tmp_path / "src")
+    spec = make_spec(mini_base, src)
+    digest = build_image(spec, store, tmp_path / "out", ref_name="demo")
+    info = read_layout(tmp_path / "out")
+    assert info.digest == digest
+    assert info.created == "2023-11-14T22:13:20Z"
+    assert info.annotations["org.opencontainers.image.created"] == info.created
+    assert info.annotations["org.opencontainers.image.base.digest"] == mini_base.digest
+    assert info.annotations["dev.frank.lock.digest"] == spec.annotations["dev.frank.lock.digest"]
+    assert "FRANK_STACK=demo" in info.env and any(e.startswith("PATH=") for e in info.env)
+    assert info.entrypoint == ["/bin/sh", "-c"] and info.cmd == ["cat /etc/frank/frank.lock"]
+    assert info.labels == {"dev.frank.stack": "demo"}
+    assert [x.created_by for x in info.layers][1:] == [
+        "frank: part:region-cache", "frank: part:table", "frank: part:kernel", "frank: lock"]
+    index = json.loads((tmp_path / "out" / "index.json").read_text())
+    assert index["manifests"][0]["annotations"] == {"org.opencontainers.image.ref.name": "demo"}
+    # the tools that will consume it agree it is a valid layout
+    if shutil.which("skopeo"):
+        out = subprocess.run(["skopeo", "inspect", f"oci:{tmp_path / 'out'}:demo"],
+                             capture_output=True, text=True, check=True).stdout
+        assert json.loads(out)["Digest"] == digest
+
+
+def test_one_layer_change_rebuilds_only_that_layer(tmp_path: Path, mini_base: BaseImage,
+                                                   store: BlobStore) -> None:
+    src = make_sources(tmp_path / "src")
+    d1 = build_image(make_spec(mini_base, src), store, tmp_path / "out")
+    m1 = read_layout(tmp_path / "out")
+    assert store.stats.layer_misses == 4
+    mtimes = {p.name: p.stat().st_mtime_ns for p in store.blob_dir.iterdir()}
+    time.sleep(0.05)
+    src = make_sources(tmp_path / "src", kernel_text="kernel v2")
+    store.stats.layer_misses = store.stats.layer_hits = 0
+    d2 = build_image(make_spec(mini_base, src, kernel_key="v2"), store, tmp_path / "out")
+    m2 = read_layout(tmp_path / "out")
+    assert d1 != d2
+    assert (store.stats.layer_misses, store.stats.layer_hits) == (1, 3)
+    changed = [i for i, (a, b) in enumerate(zip(m1.layers, m2.layers, strict=True))
+               if a.digest != b.digest]
+    assert changed == [3], "only the kernel layer (index 3, after the base) differs"
+    for layer in m1.layers:  # every old blob was reused, not rewritten
+        name = layer.digest.split(":")[1]
+        assert store.path(layer.digest).stat().st_mtime_ns == mtimes[name]
+
+
+def test_noop_rebuild_reuses_everything(tmp_path: Path, mini_base: BaseImage,
+                                        store: BlobStore) -> None:
+    src = make_sources(tmp_path / "src")
+    spec = make_spec(mini_base, src)
+    d1 = build_image(spec, store, tmp_path / "out")
+    written = store.stats.blobs_written
+    d2 = build_image(spec, store, tmp_path / "out")
+    assert d1 == d2 and store.stats.blobs_written == written
+    assert store.stats.layer_hits == 4
+
+
+def test_tampered_cached_layer_is_caught(tmp_path: Path, mini_base: BaseImage,
+                                         store: BlobStore) -> None:
+    src = make_sources(tmp_path / "src")
+    spec = make_spec(mini_base, src)
+    d1 = build_image(spec, store, tmp_path / "out")
+    before = _tree_bytes(tmp_path / "out")
+    blob = store.path(read_layout(tmp_path / "out").layers[2].digest)
+    data = bytearray(blob.read_bytes())
+    data[600] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    with pytest.raises(FrankError) as exc:
+        build_image(spec, store, tmp_path / "out")
+    assert str(blob) in exc.value.one_line() and "\n" not in exc.value.one_line()
+    assert _tree_bytes(tmp_path / "out") == before, "the previous output is untouched"
+    assert not blob.exists(), "the bad blob was moved aside"
+    # the next build re-tars the layer and gets the same image back
+    assert build_image(spec, store, tmp_path / "out") == d1
+
+
+def test_tampered_output_layout_is_caught(tmp_path: Path, mini_base: BaseImage,
+                                          store: BlobStore) -> None:
+    build_image(make_spec(mini_base, make_sources(tmp_path / "src")), store, tmp_path / "out")
+    blob = tmp_path / "out" / "blobs" / "sha256" / read_layout(tmp_path / "out").layers[1] \
+        .digest.split(":")[1]
+    blob.write_bytes(blob.read_bytes()[:-1] + b"X")
+    with pytest.raises(FrankError, match="does not match its digest"):
+        read_layout(tmp_path / "out")
+
+
+@pytest.mark.parametrize("damage", ["bad-index-json", "missing-manifest", "manifest-mismatch",
+                                    "missing-layer", "no-oci-layout", "bad-config-json"])
+def test_corrupt_base_layout_is_one_line(tmp_path: Path, mini_base: BaseImage,
+                                         damage: str) -> None:
+    base = tmp_path / "base"
+    shutil.copytree(mini_base.layout, base)
+    _, _, manifest = resolve_manifest(base)
+    mblob = base / "blobs" / "sha256" / mini_base.digest.split(":")[1]
+    if damage == "bad-index-json":
+        (base / "index.json").write_text("{not json")
+    elif damage == "missing-manifest":
+        mblob.unlink()
+    elif damage == "manifest-mismatch":
+        mblob.write_bytes(mblob.read_bytes() + b" ")
+    elif damage == "missing-layer":
+        (base / "blobs" / "sha256" / manifest["layers"][0]["digest"].split(":")[1]).unlink()
+    elif damage == "no-oci-layout":
+        (base / "oci-layout").unlink()
+    elif damage == "bad-config-json":
+        cfg = base / "blobs" / "sha256" / manifest["config"]["digest"].split(":")[1]
+        cfg.write_text("{")
+    spec = ImageSpec(base_layout=base, base_digest=mini_base.digest, layers=(),
+                     source_date_epoch=EPOCH)
+    store = BlobStore(tmp_path / "cache")
+    with pytest.raises(FrankError) as exc:
+        build_image(spec, store, tmp_path / "out")
+    assert "\n" not in exc.value.one_line()
+    assert "corrupt OCI layout" in exc.value.one_line() or "digest" in exc.value.one_line()
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(FrankError):
+        read_image(base)
+
+
+def test_wrong_base_digest_refused(tmp_path: Path, mini_base: BaseImage,
+                                   store: BlobStore) -> None:
+    spec = ImageSpec(base_layout=mini_base.layout, base_digest="sha256:" + "0" * 64,
+                     layers=(), source_date_epoch=EPOCH)
+    with pytest.raises(FrankError, match="missing"):
+        build_image(spec, store, tmp_path / "out")
+    bad = ImageSpec(base_layout=mini_base.layout, base_digest="latest", layers=(),
+                    source_date_epoch=EPOCH)
+    with pytest.raises(FrankError, match="not a sha256 digest"):
+        build_image(bad, store, tmp_path / "out")
+
+
+def test_failed_build_leaves_previous_output(tmp_path: Path, mini_base: BaseImage,
+                                             store: BlobStore) -> None:
+    src = make_sources(tmp_path / "src")
+    build_image(make_spec(mini_base, src), store, tmp_path / "out")
+    before = _tree_bytes(tmp_path / "out")
+    shutil.rmtree(src["kernel"])
+    with pytest.raises(FrankError, match="does not exist"):
+        build_image(make_spec(mini_base, src, kernel_key="v9"), store, tmp_path / "out")
+    assert _tree_bytes(tmp_path / "out") == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "out", "src"]
+    assert list(store.tmp_dir.iterdir()) == []
+
+
+def test_output_over_a_non_layout_dir_refused(tmp_path: Path, mini_base: BaseImage,
+                                              store: BlobStore) -> None:
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "precious.txt").write_text("keep me")
+    spec = ImageSpec(base_layout=mini_base.layout, base_digest=mini_base.digest, layers=(),
+                     source_date_epoch=EPOCH)
+    with pytest.raises(FrankError, match="not an OCI layout"):
+        build_image(spec, store, tmp_path / "out")
+    assert (tmp_path / "out" / "precious.txt").read_text() == "keep me"
