@@ -17,7 +17,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from frank.hashing import IGNORED_NAMES, IGNORED_SUFFIXES
+from frank.hashing import tree_files
 from frank.lock import Lock, render_lock
 from frank.plan import BuildPlan, PlanLayer
 
@@ -27,10 +27,6 @@ def layer_dir(layer: PlanLayer) -> str:
     return f"{layer.index:02d}-{layer.name.replace(':', '-')}"
 
 
-def _ignore(_dir: str, names: list[str]) -> set[str]:
-    return {n for n in names if n in IGNORED_NAMES or n.endswith(IGNORED_SUFFIXES)}
-
-
 def stage_layer(layer: PlanLayer, root: Path, rootfs: Path) -> None:
     """Place a layer's repo files and generated files under ``rootfs`` at their image paths."""
     for step in layer.files:
@@ -38,7 +34,10 @@ def stage_layer(layer: PlanLayer, root: Path, rootfs: Path) -> None:
         dest = rootfs / step.dest.lstrip("/")
         dest.parent.mkdir(parents=True, exist_ok=True)
         if src.is_dir():
-            shutil.copytree(src, dest, ignore=_ignore, dirs_exist_ok=True)
+            for file in tree_files(src):  # exactly the files the lock hashed
+                target = dest / file.relative_to(src)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(file, target)
         else:
             shutil.copy2(src, dest)
     for gen in layer.generated:

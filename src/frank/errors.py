@@ -9,6 +9,17 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def _display_path(file: Path | str) -> str:
+    """A path as a user would type it: relative to the current folder when inside it."""
+    path = Path(file)
+    if path.is_absolute():
+        try:
+            return path.relative_to(Path.cwd()).as_posix()
+        except ValueError:
+            return str(path)
+    return str(file)
+
+
 class FrankError(Exception):
     """A user-facing failure: one line, names the file and the field, exit code 2."""
 
@@ -17,7 +28,7 @@ class FrankError(Exception):
     def __init__(self, message: str, *, file: Path | str | None = None, field: str | None = None):
         super().__init__(message)
         self.message = message
-        self.file = str(file) if file is not None else None
+        self.file = _display_path(file) if file is not None else None
         self.field = field
 
     def one_line(self) -> str:

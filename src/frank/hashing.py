@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -26,16 +27,38 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _git_listed(root: Path) -> list[Path] | None:
+    """Files git would commit under ``root`` (tracked or untracked, not ignored), or None
+    when ``root`` is not in a git work tree."""
+    try:
+        proc = subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", "."],
+            cwd=root, capture_output=True, timeout=30, check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if proc.returncode != 0:
+        return None
+    names = [n for n in proc.stdout.decode().split("\0") if n]
+    return [root / n for n in names]
+
+
 def tree_files(root: Path) -> list[Path]:
-    """Files under ``root`` that belong to its content, sorted by relative POSIX path."""
+    """Files under ``root`` that belong to its content, sorted by relative POSIX path.
+
+    In a git work tree that is what git would commit (build outputs that .gitignore or
+    .git/info/exclude hide are not content); elsewhere every file, less caches.
+    """
+    listed = _git_listed(root)
+    candidates = listed if listed is not None else list(root.rglob("*"))
     files = []
-    for path in root.rglob("*"):
+    for path in candidates:
         rel = path.relative_to(root)
         if any(p in IGNORED_NAMES or p.endswith(IGNORED_SUFFIXES) for p in rel.parts):
             continue
         if path.is_file():
             files.append(path)
-    return sorted(files, key=lambda p: p.relative_to(root).as_posix())
+    return sorted(set(files), key=lambda p: p.relative_to(root).as_posix())
 
 
 def sha256_tree(root: Path) -> str:

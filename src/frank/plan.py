@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from frank.hashing import sha256_bytes, sha256_file, sha256_json
+from frank.hashing import sha256_bytes, sha256_json
 from frank.kinds import PART_ADAPTER
 from frank.kinds.base import PartContext, Strict
 from frank.kinds.engine import EngineBase
@@ -162,11 +162,12 @@ def build_plan(lock: Lock, root: Path) -> BuildPlan:
                                             "engine": lock.part(engine.name).key  # type: ignore[union-attr]
                                             }),
             inputs={}, files=[], generated=[], pip_install=[], run=run, why=path.why))
-    launcher_hash = sha256_file(LAUNCHER_SOURCE)
+    launcher_text = LAUNCHER_SOURCE.read_text(encoding="utf-8")
+    launcher_hash = sha256_bytes(launcher_text.encode())
     layers.append(PlanLayer(
         index=len(layers) + 1, name="frank:launcher", part=None, kind="launcher",
-        key=launcher_hash, inputs={"src/frank/launch.py": launcher_hash},
-        files=[CopyStep(src="src/frank/launch.py", dest=LAUNCHER_IN_IMAGE)], generated=[],
+        key=launcher_hash, inputs={"frank/launch.py": launcher_hash}, files=[],
+        generated=[GeneratedFile(dest=LAUNCHER_IN_IMAGE, text=launcher_text)],
         pip_install=[], run=[], why="the entrypoint: reads the lock, builds the engine command",
     ))
     lock_text = render_lock(lock)

@@ -7,6 +7,7 @@ start without importing rich, the image builders or huggingface-hub.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from typing import Any
 
@@ -56,6 +57,12 @@ class LazyGroup(click.Group):
         except FrankError as exc:
             click.echo(f"frank: error: {exc.one_line()}", err=True)
             ctx.exit(exc.exit_code)
+        except OSError as exc:  # a disk or permission problem: say which file, no traceback
+            if os.environ.get("FRANK_DEBUG"):
+                raise
+            where = f"{exc.filename}: " if exc.filename else ""
+            click.echo(f"frank: error: {where}{exc.strerror or exc}", err=True)
+            ctx.exit(2)
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -14,10 +14,12 @@ layers are exported uncompressed (see ``frank.image.layer`` on why not gzip).
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import tempfile
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -97,6 +99,22 @@ def _run(args: list[str], what: str, *, input_text: str | None = None,
     return proc
 
 
+@contextlib.contextmanager
+def _oci_ref(layout: Path) -> Iterator[str]:
+    """An ``oci:`` reference to ``layout`` through a symlink with a tame name.
+
+    Engines name an image pulled from ``oci:PATH`` after PATH, and reject paths that are not
+    valid image names (``~/.cache``, upper case); the symlink avoids both.
+    """
+    d = Path(tempfile.gettempdir()) / f"frank-oci-{uuid.uuid4().hex}"
+    d.mkdir()
+    try:
+        (d / "image").symlink_to(Path(layout).absolute())
+        yield f"oci:{d / 'image'}"
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def load_base(engine: Engine, layout: Path, digest: str) -> str:
     """Put the pinned base into the engine's storage; return a reference to it by digest."""
     check_digest(digest, field="base_digest")
@@ -107,8 +125,9 @@ def load_base(engine: Engine, layout: Path, digest: str) -> str:
         raise FrankError("loading an OCI layout base into docker is not supported yet; "
                          "use --builder buildah or podman", field="--builder")
     name = f"localhost/frank-base-{digest.split(':')[1][:16]}"
-    proc = _run([*engine.base_args(), "pull", "--quiet", f"oci:{Path(layout).absolute()}"],
-                f"{engine.name} pull of the base image")
+    with _oci_ref(layout) as ref:
+        proc = _run([*engine.base_args(), "pull", "--quiet", ref],
+                    f"{engine.name} pull of the base image")
     image_id = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
     if not image_id:
         raise FrankError(f"{engine.name} pull of the base printed no image id", file=layout)
@@ -185,8 +204,10 @@ def run_image(layout: Path, args: list[str] | None = None, *, engine: Engine | N
     argv = [*info.entrypoint, *(info.cmd if args is None else args)]
     if not argv:
         raise FrankError("the image has no entrypoint or cmd to run", file=layout)
-    ctr = _run([*engine.base_args(), "from", "--quiet", "--pull-always",
-                f"oci:{Path(layout).absolute()}"], "buildah from").stdout.strip().splitlines()[-1]
+    with _oci_ref(layout) as ref:
+        out = _run([*engine.base_args(), "from", "--quiet", "--pull-always", ref],
+                   "buildah from").stdout
+    ctr = out.strip().splitlines()[-1]
     try:
         cmd = [*engine.base_args(), "run", "--isolation", "chroot"]
         for k in sorted(env or {}):

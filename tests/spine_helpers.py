@@ -1,0 +1,47 @@
+"""Helpers for the spine tests: a throwaway copy of the repo and a CLI runner."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+# What a frank repo is made of, as far as the spine is concerned.
+REPO_DIRS = ("parts", "stacks", "images", "plugins", "kernels")
+
+
+def copy_repo(dest: Path) -> Path:
+    """Copy the repo's parts, stacks, images and sources into ``dest``."""
+    for name in REPO_DIRS:
+        if (REPO / name).is_dir():
+            shutil.copytree(REPO / name, dest / name,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "build",
+                                                          "*.egg-info", "*.so", "*.o"))
+    return dest
+
+
+@dataclass
+class Result:
+    """What a frank process did."""
+
+    code: int
+    out: str
+    err: str
+
+
+def frank(*args: str, cwd: Path) -> Result:
+    """Run the real `frank` CLI in a fresh process (as a user would)."""
+    env = {**os.environ, "COLUMNS": "200"}
+    proc = subprocess.run([sys.executable, "-m", "frank", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    """Every file under root with its bytes: to prove a failed command wrote nothing."""
+    return {p.relative_to(root).as_posix(): p.read_bytes()
+            for p in sorted(root.rglob("*")) if p.is_file()}
