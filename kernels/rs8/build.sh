@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Build librs8.so (C ABI, see rs8_topk.cu) from the one source for a list of
+# SM architectures, then prove the result holds machine code for each of them.
+#
+#   kernels/rs8/build.sh [OUT_DIR] [ARCHS]      ARCHS default: "120 90a"
+#   RS8_EXTRA_FLAGS=-DRS8_BREAK kernels/rs8/build.sh /tmp/broken   # wrong build for tests
+#
+# Needs nvcc (>= 12.8 for sm_120) and cuobjdump (PATH, or CUOBJDUMP=/path; pip
+# package nvidia-cuda-cuobjdump has one); no GPU.
+set -euo pipefail
+if [[ "${1:-}" == "--check" ]]; then
+  # kernels/rs8/build.sh --check LIB "ARCHS": only the machine-code check.
+  lib="$2"; archs="${3:-120 90a}"
+  elfs="$("${CUOBJDUMP:-cuobjdump}" --list-elf "$lib")"
+  for a in $archs; do
+    grep -q "sm_${a}\b" <<<"$elfs" || { echo "rs8 check: no sm_${a} code in $lib" >&2; exit 1; }
+  done
+  echo "rs8 check: $lib holds sm code for: $archs"
+  exit 0
+fi
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+out="${1:-$here/build}"
+archs="${2:-120 90a}"
+nvcc="${NVCC:-nvcc}"
+cuobjdump="${CUOBJDUMP:-cuobjdump}"
+mkdir -p "$out"
+
+gencode=()
+for a in $archs; do
+  gencode+=("-gencode=arch=compute_${a},code=sm_${a}")
+done
+
+# shellcheck disable=SC2086
+"$nvcc" -O3 -std=c++17 -shared -Xcompiler -fPIC -cudart static \
+  "${gencode[@]}" ${RS8_EXTRA_FLAGS:-} \
+  -o "$out/librs8.so" "$here/rs8_topk.cu"
+
+# The check: every requested arch must appear as an ELF (SASS) image.
+elfs="$("$cuobjdump" --list-elf "$out/librs8.so")"
+echo "$elfs"
+for a in $archs; do
+  if ! grep -q "sm_${a}\b" <<<"$elfs"; then
+    echo "rs8 build: no sm_${a} machine code in $out/librs8.so" >&2
+    exit 1
+  fi
+done
+echo "rs8 build: $out/librs8.so holds sm code for: $archs"

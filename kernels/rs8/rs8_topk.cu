@@ -1,0 +1,430 @@
+// rs8: exact per-row top-k for the sparse-attention indexer (decode rows).
+//
+// Contract: vLLM's `_C::top_k_per_row_decode` (see README.md), with one
+// canonical output order: key descending under the float32 total bit order
+// (+0.0 above -0.0, positive NaN above +inf, negative NaN below -inf), then
+// lower position first.  The output is therefore a pure function of the input.
+//
+// Design: one thread-block cluster of 8 blocks per row.  Each block owns one
+// contiguous eighth of the row, keeps up to kCache keys of it in shared memory
+// (the rest, the "tail", is re-read from global memory / L2 on every pass) and
+// builds 1024-bin radix histograms of its keys.  The 8 histograms are summed
+// through distributed shared memory (DSMEM); every block computes the same
+// cutoff digit from the sum, so one cluster barrier per pass suffices (the two
+// histogram buffers alternate).  Passes run over the 32 key bits and, only when
+// keys tie at the cutoff, over the bits of the inverted position, so the cutoff
+// is one unique (key, position) pair and exactly k entries are selected.  The
+// selected entries are broadcast to every block through DSMEM, and each block
+// ranks an eighth of them by counting, writing each index straight into its
+// final slot.  No host sync, no allocation, no global scratch: a single launch
+// that CUDA graphs can capture.
+//
+// One source for sm_90a (H100/H200) and sm_120 (RTX 50xx): shared memory per
+// block stays under SM120's 99 KB opt-in limit.
+
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace cg = cooperative_groups;
+
+namespace rs8 {
+
+constexpr int kCluster = 8;       // blocks per row
+constexpr int kThreads = 1024;    // threads per block
+constexpr int kDigitBits = 10;    // radix digit width
+constexpr int kBins = 1 << kDigitBits;
+constexpr int kSmemLimit = 101376;  // SM120: 99 KB opt-in per block
+
+// Per-k shared-memory plan.  aux holds the two histogram buffers during the
+// radix passes and is reused for the k broadcast candidates afterwards.
+template <int K>
+struct Plan {
+  static constexpr int kAuxBytes = (2 * kBins * 4 > 8 * K) ? 2 * kBins * 4 : 8 * K;
+  static constexpr int kMiscBytes = 1472;
+  static constexpr int kCache = ((kSmemLimit - kAuxBytes - kMiscBytes) / 4) & ~15;
+  static constexpr int kSmemBytes = kCache * 4 + kAuxBytes + kMiscBytes;
+  static_assert(kSmemBytes <= kSmemLimit, "shared memory plan exceeds SM120's limit");
+  static_assert(K % kCluster == 0 && kThreads % (K / kCluster) == 0, "bad k");
+};
+
+// K=512 and K=1024 give 22,928 cached keys per block (183,424 per cluster).
+static_assert(Plan<512>::kCache == 22928, "cache size changed");
+
+struct Misc {
+  unsigned int counter;   // block 0's: next free candidate slot (cluster-wide)
+  unsigned int digit;     // result of the current pass
+  unsigned int above;
+  unsigned int cnt;
+  unsigned int warp_sums[32];
+};
+
+// Float32 bits -> unsigned key whose unsigned order is the float total order.
+__device__ __forceinline__ unsigned int to_key(unsigned int u) {
+#ifdef RS8_BREAK
+  // Deliberately wrong build for the test suite: -0.0 collapses onto +0.0.
+  if (u == 0x80000000u) u = 0u;
+#endif
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ __forceinline__ float load_f(const float* p) { return __ldg(p); }
+
+// Coarse pass-0 bucket: a monotone map of the key onto 1024 bins with 16 bins
+// per octave for |x| in [2^-14, 2^18) (like fp16's top bits), saturating
+// outside.  It spreads typical logits over many bins (few atomic conflicts);
+// exactness never depends on it because later passes refine inside a bucket.
+constexpr unsigned int kELo = 113u;  // exponent of 2^-14
+__device__ __forceinline__ unsigned int mag_bin(unsigned int u) {  // u: |x| bits
+  if (u < (kELo << 23)) return 0u;
+  const unsigned int b = (u - (kELo << 23)) >> 19;
+  return b > 511u ? 511u : b;
+}
+__device__ __forceinline__ unsigned int bucket(unsigned int k) {
+  return (k & 0x80000000u) ? 512u + mag_bin(k & 0x7fffffffu) : 511u - mag_bin(0x7fffffffu - k);
+}
+__device__ __forceinline__ unsigned int mag_lo(unsigned int b) {
+  return b == 0u ? 0u : (kELo << 23) + (b << 19);
+}
+__device__ __forceinline__ unsigned int mag_hi(unsigned int b) {
+  return b >= 511u ? 0x7fffffffu : (kELo << 23) + ((b + 1u) << 19) - 1u;
+}
+// Smallest and largest key of a bucket.
+__device__ __forceinline__ unsigned int bucket_lo(unsigned int b) {
+  return b >= 512u ? 0x80000000u + mag_lo(b - 512u) : 0x7fffffffu - mag_hi(511u - b);
+}
+__device__ __forceinline__ unsigned int bucket_hi(unsigned int b) {
+  return b >= 512u ? 0x80000000u + mag_hi(b - 512u) : 0x7fffffffu - mag_lo(511u - b);
+}
+
+__device__ __forceinline__ void store_and_count(float4 q, int i, unsigned int* cache,
+                                                unsigned int* h, int cap) {
+  uint4 kk;
+  kk.x = to_key(__float_as_uint(q.x));
+  kk.y = to_key(__float_as_uint(q.y));
+  kk.z = to_key(__float_as_uint(q.z));
+  kk.w = to_key(__float_as_uint(q.w));
+  if (i < cap) *reinterpret_cast<uint4*>(cache + i) = kk;  // cap is a multiple of 4
+  atomicAdd(&h[bucket(kk.x)], 1u);
+  atomicAdd(&h[bucket(kk.y)], 1u);
+  atomicAdd(&h[bucket(kk.z)], 1u);
+  atomicAdd(&h[bucket(kk.w)], 1u);
+}
+
+// Inclusive suffix sum inside a warp: lane i gets sum of lanes >= i.
+__device__ __forceinline__ unsigned int warp_suffix_incl(unsigned int x, int lane) {
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    unsigned int y = __shfl_down_sync(0xffffffffu, x, off);
+    if (lane + off < 32) x += y;
+  }
+  return x;
+}
+
+template <int K>
+__global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
+    topk_decode_kernel(const float* __restrict__ logits, long long stride0, long long stride1,
+                       long long ncols, const int* __restrict__ seq_lens, int seq_2d, int next_n,
+                       int* __restrict__ indices) {
+  using P = Plan<K>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  unsigned int* cache = reinterpret_cast<unsigned int*>(smem);
+  unsigned int* hist0 = reinterpret_cast<unsigned int*>(smem + P::kCache * 4);
+  unsigned long long* cand = reinterpret_cast<unsigned long long*>(smem + P::kCache * 4);
+  Misc* misc = reinterpret_cast<Misc*>(smem + P::kCache * 4 + P::kAuxBytes);
+
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = static_cast<int>(cluster.block_rank());
+  const int row = blockIdx.x / kCluster;
+  const int tid = threadIdx.x;
+  const int lane = tid & 31;
+  const int warp = tid >> 5;
+
+  // Row length (rowStart is always 0 for decode rows).
+  long long L;
+  if (seq_2d) {
+    L = seq_lens[row];
+  } else {
+    L = static_cast<long long>(seq_lens[row / next_n]) - next_n + (row % next_n) + 1;
+  }
+  if (L < 0) L = 0;
+  if (L > ncols) L = ncols;
+  int* out = indices + static_cast<long long>(row) * K;
+
+  constexpr int kShare = K / kCluster;
+  if (L <= K) {
+    // Short row: 0..L-1 then -1.  No DSMEM, so blocks may leave independently.
+    for (int s = rank * kShare + tid; s < (rank + 1) * kShare; s += kThreads)
+      out[s] = (s < L) ? s : -1;
+    return;
+  }
+
+  const int Li = static_cast<int>(L);
+  const int cs = (((Li + kCluster - 1) / kCluster) + 3) & ~3;  // chunk, multiple of 4
+  const int start = rank * cs;
+  int n = Li - start;
+  n = n < 0 ? 0 : (n > cs ? cs : n);
+  const int ncache = n < P::kCache ? n : P::kCache;
+  const float* rowp = logits + static_cast<long long>(row) * stride0;
+  const float* chunk = rowp + static_cast<long long>(start) * stride1;
+
+  // ---- pass 0: load, cache, histogram of the coarse bucket ------------------
+  unsigned int* hA = hist0;
+  unsigned int* hB = hist0 + kBins;
+  for (int i = tid; i < kBins; i += kThreads) hA[i] = 0;
+  if (tid == 0) misc->counter = 0;
+  __syncthreads();
+
+  const bool vec = (stride1 == 1) && ((reinterpret_cast<uintptr_t>(chunk) & 15) == 0);
+  if (vec) {
+    const float4* src = reinterpret_cast<const float4*>(chunk);
+    const int nv = n >> 2;
+    int v = tid;
+    for (; v + 3 * kThreads < nv; v += 4 * kThreads) {
+      float4 q[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) q[u] = __ldg(src + v + u * kThreads);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) store_and_count(q[u], (v + u * kThreads) * 4, cache, hA,
+                                                  P::kCache);
+    }
+    for (; v < nv; v += kThreads) store_and_count(__ldg(src + v), v * 4, cache, hA, P::kCache);
+    for (int i = nv * 4 + tid; i < n; i += kThreads) {
+      const unsigned int k = to_key(__float_as_uint(load_f(chunk + i)));
+      if (i < P::kCache) cache[i] = k;
+      atomicAdd(&hA[bucket(k)], 1u);
+    }
+  } else {
+    for (int i = tid; i < n; i += kThreads) {
+      const unsigned int k =
+          to_key(__float_as_uint(load_f(chunk + static_cast<long long>(i) * stride1)));
+      if (i < P::kCache) cache[i] = k;
+      atomicAdd(&hA[bucket(k)], 1u);
+    }
+  }
+
+  // Selection state, identical in every block of the cluster.  Keys above hi
+  // are selected, keys below lo rejected, [lo, hi] is still open.  Once the
+  // open range is one key, the same is done on inverted positions [plo, phi].
+  unsigned int lo = 0, hi = 0xffffffffu;
+  unsigned int plo = 0;
+  unsigned int phi = 0;
+  unsigned int krem = K;
+  const int posbits = 32 - __clz(static_cast<unsigned int>(Li - 1));
+  const unsigned int posmax = (posbits >= 32) ? 0xffffffffu : ((1u << posbits) - 1u);
+  int phase = 0;  // 0: bucket pass done next, 1: key passes, 2: position passes
+  int shift = 0;
+
+  for (;;) {
+    if (phase != 0) {
+      // Histogram of the next digit among the still-open entries.
+      for (int i = tid; i < kBins; i += kThreads) hA[i] = 0;
+      __syncthreads();
+      if (phase == 1) {
+        const unsigned int span = hi - lo;
+#pragma unroll 4
+        for (int i = tid; i < ncache; i += kThreads) {
+          const unsigned int r = cache[i] - lo;
+          if (r <= span) atomicAdd(&hA[r >> shift], 1u);
+        }
+        for (int i = ncache + tid; i < n; i += kThreads) {
+          const unsigned int r =
+              to_key(__float_as_uint(load_f(chunk + static_cast<long long>(i) * stride1))) - lo;
+          if (r <= span) atomicAdd(&hA[r >> shift], 1u);
+        }
+      } else {
+        const unsigned int pspan = phi - plo;
+        for (int i = tid; i < n; i += kThreads) {
+          const unsigned int k =
+              (i < ncache) ? cache[i]
+                           : to_key(__float_as_uint(
+                                 load_f(chunk + static_cast<long long>(i) * stride1)));
+          const unsigned int r = (posmax - static_cast<unsigned int>(start + i)) - plo;
+          if (k == lo && r <= pspan) atomicAdd(&hA[r >> shift], 1u);
+        }
+      }
+    }
+
+    // All 8 histograms complete (and every block is done reading hB).
+    cluster.sync();
+
+    // Sum the cluster's histograms: thread t owns bin t.
+    unsigned int c = 0;
+    {
+      unsigned int parts[kCluster];
+#pragma unroll
+      for (int q = 0; q < kCluster; ++q) parts[q] = cluster.map_shared_rank(hA, q)[tid];
+#pragma unroll
+      for (int q = 0; q < kCluster; ++q) c += parts[q];
+    }
+    // Count in bins above bin t (exclusive suffix sum over the block).
+    const unsigned int wincl = warp_suffix_incl(c, lane);
+    if (lane == 0) misc->warp_sums[warp] = wincl;
+    __syncthreads();
+    const unsigned int ws = (lane > warp) ? misc->warp_sums[lane] : 0u;
+    const unsigned int above = __reduce_add_sync(0xffffffffu, ws) + (wincl - c);
+    if (above < krem && krem <= above + c) {
+      misc->digit = tid;
+      misc->above = above;
+      misc->cnt = c;
+    }
+    __syncthreads();
+    const unsigned int d = misc->digit;
+    krem -= misc->above;
+    const unsigned int cnt = misc->cnt;
+    // Swap buffers: the next pass writes the one nobody reads now.
+    unsigned int* t = hA;
+    hA = hB;
+    hB = t;
+
+    // Narrow the open range to the chosen digit.
+    if (phase == 0) {
+      lo = bucket_lo(d);
+      hi = bucket_hi(d);
+    } else if (phase == 1) {
+      lo = lo + (d << shift);
+      const unsigned int w = (1u << shift) - 1u;
+      hi = (hi - lo < w) ? hi : lo + w;
+    } else {
+      plo = plo + (d << shift);
+      const unsigned int w = (1u << shift) - 1u;
+      phi = (phi - plo < w) ? phi : plo + w;
+    }
+    if (cnt == krem) break;  // every open entry is selected
+    if (phase <= 1 && lo != hi) {
+      phase = 1;
+      const int bits = 32 - __clz(hi - lo);
+      shift = bits > kDigitBits ? bits - kDigitBits : 0;
+    } else {
+      // One key ties at the cutoff: keep its lowest positions.
+      if (phase == 2 && plo == phi) break;  // unreachable (cnt would be 1)
+      if (phase != 2) {
+        phase = 2;
+        plo = 0;
+        phi = posmax;
+      }
+      const unsigned int ps = phi - plo;
+      const int bits = 32 - __clz(ps);
+      shift = bits > kDigitBits ? bits - kDigitBits : 0;
+    }
+  }
+  if (phase != 2) plo = 0;  // key-decided cutoff: every position of [lo, hi] in
+
+  // Every block has finished reading every histogram before aux is reused.
+  cluster.sync();
+
+  // ---- gather: exactly K selected entries, broadcast to all 8 blocks --------
+  unsigned int* counter0 = cluster.map_shared_rank(&misc->counter, 0);
+  const unsigned int lt_mask = (1u << lane) - 1u;
+  for (int base = 0; base < n; base += kThreads) {
+    const int i = base + tid;
+    bool sel = false;
+    unsigned int k = 0;
+    if (i < n) {
+      k = (i < ncache) ? cache[i]
+                       : to_key(__float_as_uint(
+                             load_f(chunk + static_cast<long long>(i) * stride1)));
+      const unsigned int inv = posmax - static_cast<unsigned int>(start + i);
+      sel = (k > hi) || (k >= lo && inv >= plo);
+    }
+    const unsigned int m = __ballot_sync(0xffffffffu, sel);
+    if (m) {
+      const int leader = __ffs(m) - 1;
+      unsigned int slot0 = 0;
+      if (lane == leader) slot0 = atomicAdd(counter0, static_cast<unsigned int>(__popc(m)));
+      slot0 = __shfl_sync(0xffffffffu, slot0, leader);
+      if (sel) {
+        const unsigned int slot = slot0 + __popc(m & lt_mask);
+        if (slot < static_cast<unsigned int>(K)) {
+          const unsigned long long c =
+              (static_cast<unsigned long long>(k) << 32) |
+              static_cast<unsigned long long>(0xffffffffu - static_cast<unsigned int>(start + i));
+#pragma unroll
+          for (int q = 0; q < kCluster; ++q) cluster.map_shared_rank(cand, q)[slot] = c;
+        }
+      }
+    }
+  }
+
+  // All candidates have landed in every block.
+  cluster.sync();
+
+  // ---- rank: block r places slots [r*K/8, (r+1)*K/8) ------------------------
+  constexpr int kGroup = kThreads / kShare;  // threads per candidate: 16/8/4
+  const int s = rank * kShare + tid / kGroup;
+  const int g = tid % kGroup;
+  const unsigned long long mine_c = cand[s];
+  unsigned int greater = 0;
+#pragma unroll 8
+  for (int j = g; j < K; j += kGroup) greater += (cand[j] > mine_c) ? 1u : 0u;
+#pragma unroll
+  for (int off = kGroup / 2; off > 0; off >>= 1)
+    greater += __shfl_xor_sync(0xffffffffu, greater, off);
+  if (g == 0) out[greater] = static_cast<int>(0xffffffffu - static_cast<unsigned int>(mine_c));
+}
+
+template <int K>
+cudaError_t launch(const float* logits, long long stride0, long long stride1, long long ncols,
+                   const int* seq_lens, int seq_2d, int next_n, int* indices, int num_rows,
+                   cudaStream_t stream) {
+  static bool attr_set[64] = {};
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  if (dev < 0 || dev >= 64) return cudaErrorInvalidDevice;
+  if (!attr_set[dev]) {
+    e = cudaFuncSetAttribute(topk_decode_kernel<K>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             Plan<K>::kSmemBytes);
+    if (e != cudaSuccess) return e;
+    attr_set[dev] = true;
+  }
+  const dim3 grid(static_cast<unsigned int>(num_rows) * kCluster);
+  topk_decode_kernel<K><<<grid, kThreads, Plan<K>::kSmemBytes, stream>>>(
+      logits, stride0, stride1, ncols, seq_lens, seq_2d, next_n, indices);
+  return cudaGetLastError();
+}
+
+}  // namespace rs8
+
+extern "C" {
+
+// C entry point (ctypes / any host code).  Returns a cudaError_t value
+// (0 = success).  indices: int32 [num_rows, k], row-contiguous.
+int rs8_topk_decode(const float* logits, long long stride0, long long stride1, long long ncols,
+                    const int* seq_lens, int seq_2d, int next_n, int* indices, int num_rows,
+                    int k, void* stream) {
+  if (num_rows <= 0) return 0;
+  if (next_n <= 0 || stride0 < 0 || stride1 <= 0) return static_cast<int>(cudaErrorInvalidValue);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  switch (k) {
+    case 512:
+      return rs8::launch<512>(logits, stride0, stride1, ncols, seq_lens, seq_2d, next_n, indices,
+                              num_rows, s);
+    case 1024:
+      return rs8::launch<1024>(logits, stride0, stride1, ncols, seq_lens, seq_2d, next_n,
+                               indices, num_rows, s);
+    case 2048:
+      return rs8::launch<2048>(logits, stride0, stride1, ncols, seq_lens, seq_2d, next_n,
+                               indices, num_rows, s);
+    default:
+      return static_cast<int>(cudaErrorInvalidValue);
+  }
+}
+
+// Cached keys per block for k (0 if k unsupported); tests probe the edges.
+int rs8_cache_keys(int k) {
+  switch (k) {
+    case 512:
+      return rs8::Plan<512>::kCache;
+    case 1024:
+      return rs8::Plan<1024>::kCache;
+    case 2048:
+      return rs8::Plan<2048>::kCache;
+    default:
+      return 0;
+  }
+}
+
+int rs8_cluster_size(void) { return rs8::kCluster; }
+
+}  // extern "C"
