@@ -66,3 +66,13 @@ Sha256 = Annotated[str, AfterValidator(check_sha256)]
 HubRevision = Annotated[str, AfterValidator(check_hub_revision)]
 ImageRef = Annotated[str, AfterValidator(check_image_ref)]
 Digest = Annotated[str, AfterValidator(check_digest)]
+
+
+def check_git_url(value: str) -> str:
+    """A git remote: https, http, ssh, git@host:path or file:// (a local mirror)."""
+    if not re.fullmatch(r"(https?|ssh|git|file)://\S+|[\w.-]+@[\w.-]+:\S+", value):
+        raise ValueError(f"{value!r} is not a git remote URL")
+    return value
+
+
+GitUrl = Annotated[str, AfterValidator(check_git_url)]

@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 from pydantic import HttpUrl
 
 from frank.kinds.base import LayerContribution, PartBase, PartContext, Slug, Strict
-from frank.pins import Commit, ImageRef, Sha256
+from frank.pins import Commit, GitUrl, ImageRef, Sha256
 
 
 class PinnedWheel(Strict):
@@ -34,7 +34,7 @@ class EngineBase(PartBase):
     artifact_fields: ClassVar[tuple[str, ...]] = ("commit",)
 
     kind: Literal["engine"]
-    repo: HttpUrl
+    repo: GitUrl
     commit: Commit | None = None
     release: str | None = None
     wheel: PinnedWheel | None = None

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import HttpUrl, model_validator
+from pydantic import model_validator
 
 from frank.kinds.base import LayerContribution, PartBase, PartContext, Strict
 from frank.kinds.engine import PinnedWheel
-from frank.pins import Commit
+from frank.pins import Commit, GitUrl
 
 
 class GitSource(Strict):
     """A package built into a wheel from a git commit."""
 
-    repo: HttpUrl
+    repo: GitUrl
     commit: Commit
     subdirectory: str | None = None
 

@@ -15,7 +15,7 @@ from pydantic import HttpUrl, model_validator
 
 from frank.errors import FrankError
 from frank.kinds.base import FileCopy, LayerContribution, PartBase, PartContext
-from frank.pins import Commit, Sha256
+from frank.pins import Commit, GitUrl, Sha256
 
 # Paths whose change means vLLM must be compiled (VLLM.md, "Building vLLM").
 COMPILED_PATHS = re.compile(
@@ -46,7 +46,7 @@ class Patch(PartBase):
     artifact_fields: ClassVar[tuple[str, ...]] = ("sha256",)
 
     kind: Literal["patch"]
-    source_repo: HttpUrl
+    source_repo: GitUrl
     source_commit: Commit | None = None
     file: str | None = None
     url: HttpUrl | None = None
