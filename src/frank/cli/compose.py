@@ -18,9 +18,14 @@ from frank.project import lock_stack
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
               help="Output folder (default: out/<stack>).")
 @click.option("--locked", is_flag=True, help="Refuse to run if the lock would change.")
+@click.option("--builder", type=click.Choice(["auto", "oci", "buildah", "podman", "docker",
+                                              "none"]), default="auto", show_default=True,
+              help="auto: embedded daemonless builder unless a layer runs commands; "
+                   "none: write the plan and context only.")
 @json_option
-def compose(stack: str, out_dir: Path | None, locked: bool, as_json: bool) -> None:
-    """Resolve STACK, write its lock, its build plan and a Dockerfile build context."""
+def compose(stack: str, out_dir: Path | None, locked: bool, builder: str,
+            as_json: bool) -> None:
+    """Resolve STACK, lock it, plan its layers, write the build context, build the image."""
     from rich.console import Console
 
     console = Console(stderr=True, quiet=as_json)
@@ -41,11 +46,21 @@ def compose(stack: str, out_dir: Path | None, locked: bool, as_json: bool) -> No
         from frank.context import write_context
 
         write_context(plan, result.lock, root, out)
+    built = None
+    if builder != "none":
+        from frank.build import build
+
+        with console.status(f"building the image ({builder})"):
+            built = build(plan, root, out, builder)  # type: ignore[arg-type]
     summary = {
         "stack": result.lock.stack, "lock": str(lock_file), "digest": result.lock.digest,
         "out": str(out), "engine": plan.engine.model_dump() if plan.engine else None,
         "needs_run": plan.needs_run,
         "layers": [{"index": x.index, "name": x.name, "key": x.key} for x in plan.layers],
+        "image": None if built is None else {
+            "digest": built.digest, "layout": str(built.layout), "builder": built.builder,
+            "why": built.why, "layers_built": built.layers_built,
+            "layers_reused": built.layers_reused},
     }
     if as_json:
         emit_json(summary)
@@ -56,3 +71,7 @@ def compose(stack: str, out_dir: Path | None, locked: bool, as_json: bool) -> No
     for layer in plan.layers:
         click.echo(f"  layer {layer.index:2d} {layer.name:28s} {layer.key[:16]}")
     click.echo(f"wrote {out}/plan.json and {out}/context/Dockerfile")
+    if built is not None:
+        click.echo(f"image {built.digest} in {built.layout} (builder {built.builder}: "
+                   f"{built.why}; {built.layers_built} layers built, "
+                   f"{built.layers_reused} reused)")
