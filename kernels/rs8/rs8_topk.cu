@@ -29,6 +29,9 @@
 namespace cg = cooperative_groups;
 
 namespace rs8 {
+// Internal linkage throughout: two builds (say, the -DRS8_BREAK test build) can
+// live in one process without sharing template statics (GNU unique symbols).
+namespace {
 
 constexpr int kCluster = 8;       // blocks per row
 constexpr int kThreads = 1024;    // threads per block
@@ -51,13 +54,21 @@ struct Plan {
 // K=512 and K=1024 give 22,928 cached keys per block (183,424 per cluster).
 static_assert(Plan<512>::kCache == 22928, "cache size changed");
 
+// Small per-block state.  `list` holds the chunk offsets of the entries that
+// are at or above the cutoff bucket (found by the first refine pass), so later
+// passes and the gather touch ~100 entries instead of the whole chunk.
+constexpr int kListCap = 328;
 struct Misc {
   unsigned int counter;   // block 0's: next free candidate slot (cluster-wide)
   unsigned int digit;     // result of the current pass
   unsigned int above;
   unsigned int cnt;
+  unsigned int nlist;     // entries appended to list (may exceed kListCap)
+  unsigned int pad[3];
   unsigned int warp_sums[32];
+  unsigned int list[kListCap];
 };
+static_assert(sizeof(Misc) <= 1472, "Misc must fit the plan's misc bytes");
 
 // Float32 bits -> unsigned key whose unsigned order is the float total order.
 __device__ __forceinline__ unsigned int to_key(unsigned int u) {
@@ -109,6 +120,13 @@ __device__ __forceinline__ void store_and_count(float4 q, int i, unsigned int* c
   atomicAdd(&h[bucket(kk.y)], 1u);
   atomicAdd(&h[bucket(kk.z)], 1u);
   atomicAdd(&h[bucket(kk.w)], 1u);
+}
+
+// Key of chunk entry i: from the shared-memory cache, or re-read (tail).
+__device__ __forceinline__ unsigned int key_at(int i, int ncache, const unsigned int* cache,
+                                               const float* chunk, long long stride1) {
+  return (i < ncache) ? cache[i]
+                      : to_key(__float_as_uint(load_f(chunk + static_cast<long long>(i) * stride1)));
 }
 
 // Inclusive suffix sum inside a warp: lane i gets sum of lanes >= i.
@@ -172,7 +190,10 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
   unsigned int* hA = hist0;
   unsigned int* hB = hist0 + kBins;
   for (int i = tid; i < kBins; i += kThreads) hA[i] = 0;
-  if (tid == 0) misc->counter = 0;
+  if (tid == 0) {
+    misc->counter = 0;
+    misc->nlist = 0;
+  }
   __syncthreads();
 
   const bool vec = (stride1 == 1) && ((reinterpret_cast<uintptr_t>(chunk) & 15) == 0);
@@ -203,6 +224,10 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
     }
   }
 
+#if defined(RS8_STAGE) && RS8_STAGE == 1
+  cluster.sync();  // timing variant: load + bucket histogram only
+  return;
+#endif
   // Selection state, identical in every block of the cluster.  Keys above hi
   // are selected, keys below lo rejected, [lo, hi] is still open.  Once the
   // open range is one key, the same is done on inverted positions [plo, phi].
@@ -214,31 +239,59 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
   const unsigned int posmax = (posbits >= 32) ? 0xffffffffu : ((1u << posbits) - 1u);
   int phase = 0;  // 0: bucket pass done next, 1: key passes, 2: position passes
   int shift = 0;
+#ifdef RS8_NO_LIST
+  constexpr bool kList = false;
+#else
+  constexpr bool kList = true;
+#endif
+  bool make_list = false;  // this refine pass builds the list
+  bool use_list = false;   // later passes and the gather walk the list
 
   for (;;) {
     if (phase != 0) {
       // Histogram of the next digit among the still-open entries.
       for (int i = tid; i < kBins; i += kThreads) hA[i] = 0;
       __syncthreads();
-      if (phase == 1) {
-        const unsigned int span = hi - lo;
+      const unsigned int span = hi - lo;
+      const unsigned int pspan = phi - plo;
+      if (use_list) {
+        const int m = static_cast<int>(misc->nlist);
+        for (int j = tid; j < m; j += kThreads) {
+          const int i = static_cast<int>(misc->list[j]);
+          const unsigned int k = key_at(i, ncache, cache, chunk, stride1);
+          if (phase == 1) {
+            const unsigned int r = k - lo;
+            if (r <= span) atomicAdd(&hA[r >> shift], 1u);
+          } else {
+            const unsigned int r = (posmax - static_cast<unsigned int>(start + i)) - plo;
+            if (k == lo && r <= pspan) atomicAdd(&hA[r >> shift], 1u);
+          }
+        }
+      } else if (phase == 1) {
+        // Full scan; the first one also lists the entries at or above lo.
 #pragma unroll 4
         for (int i = tid; i < ncache; i += kThreads) {
-          const unsigned int r = cache[i] - lo;
+          const unsigned int k = cache[i];
+          const unsigned int r = k - lo;
           if (r <= span) atomicAdd(&hA[r >> shift], 1u);
+          if (make_list && k >= lo) {
+            const unsigned int j = atomicAdd(&misc->nlist, 1u);
+            if (j < kListCap) misc->list[j] = i;
+          }
         }
         for (int i = ncache + tid; i < n; i += kThreads) {
-          const unsigned int r =
-              to_key(__float_as_uint(load_f(chunk + static_cast<long long>(i) * stride1))) - lo;
+          const unsigned int k =
+              to_key(__float_as_uint(load_f(chunk + static_cast<long long>(i) * stride1)));
+          const unsigned int r = k - lo;
           if (r <= span) atomicAdd(&hA[r >> shift], 1u);
+          if (make_list && k >= lo) {
+            const unsigned int j = atomicAdd(&misc->nlist, 1u);
+            if (j < kListCap) misc->list[j] = i;
+          }
         }
       } else {
-        const unsigned int pspan = phi - plo;
         for (int i = tid; i < n; i += kThreads) {
-          const unsigned int k =
-              (i < ncache) ? cache[i]
-                           : to_key(__float_as_uint(
-                                 load_f(chunk + static_cast<long long>(i) * stride1)));
+          const unsigned int k = key_at(i, ncache, cache, chunk, stride1);
           const unsigned int r = (posmax - static_cast<unsigned int>(start + i)) - plo;
           if (k == lo && r <= pspan) atomicAdd(&hA[r >> shift], 1u);
         }
@@ -247,6 +300,10 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
 
     // All 8 histograms complete (and every block is done reading hB).
     cluster.sync();
+    if (make_list) {  // the list is complete now (the barrier above orders it)
+      make_list = false;
+      use_list = misc->nlist <= static_cast<unsigned int>(kListCap);
+    }
 
     // Sum the cluster's histograms: thread t owns bin t.
     unsigned int c = 0;
@@ -281,6 +338,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
     if (phase == 0) {
       lo = bucket_lo(d);
       hi = bucket_hi(d);
+      make_list = kList;
     } else if (phase == 1) {
       lo = lo + (d << shift);
       const unsigned int w = (1u << shift) - 1u;
@@ -313,28 +371,32 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
   // Every block has finished reading every histogram before aux is reused.
   cluster.sync();
 
+#if defined(RS8_STAGE) && RS8_STAGE == 2
+  return;  // timing variant: through the radix passes
+#endif
   // ---- gather: exactly K selected entries, broadcast to all 8 blocks --------
   unsigned int* counter0 = cluster.map_shared_rank(&misc->counter, 0);
   const unsigned int lt_mask = (1u << lane) - 1u;
-  for (int base = 0; base < n; base += kThreads) {
-    const int i = base + tid;
+  const int m = use_list ? static_cast<int>(misc->nlist) : n;
+  for (int base = 0; base < m; base += kThreads) {
+    const int j = base + tid;
     bool sel = false;
     unsigned int k = 0;
-    if (i < n) {
-      k = (i < ncache) ? cache[i]
-                       : to_key(__float_as_uint(
-                             load_f(chunk + static_cast<long long>(i) * stride1)));
+    int i = 0;
+    if (j < m) {
+      i = use_list ? static_cast<int>(misc->list[j]) : j;
+      k = key_at(i, ncache, cache, chunk, stride1);
       const unsigned int inv = posmax - static_cast<unsigned int>(start + i);
       sel = (k > hi) || (k >= lo && inv >= plo);
     }
-    const unsigned int m = __ballot_sync(0xffffffffu, sel);
-    if (m) {
-      const int leader = __ffs(m) - 1;
+    const unsigned int msk = __ballot_sync(0xffffffffu, sel);
+    if (msk) {
+      const int leader = __ffs(msk) - 1;
       unsigned int slot0 = 0;
-      if (lane == leader) slot0 = atomicAdd(counter0, static_cast<unsigned int>(__popc(m)));
+      if (lane == leader) slot0 = atomicAdd(counter0, static_cast<unsigned int>(__popc(msk)));
       slot0 = __shfl_sync(0xffffffffu, slot0, leader);
       if (sel) {
-        const unsigned int slot = slot0 + __popc(m & lt_mask);
+        const unsigned int slot = slot0 + __popc(msk & lt_mask);
         if (slot < static_cast<unsigned int>(K)) {
           const unsigned long long c =
               (static_cast<unsigned long long>(k) << 32) |
@@ -349,6 +411,9 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
   // All candidates have landed in every block.
   cluster.sync();
 
+#if defined(RS8_STAGE) && RS8_STAGE == 3
+  return;  // timing variant: through the gather
+#endif
   // ---- rank: block r places slots [r*K/8, (r+1)*K/8) ------------------------
   constexpr int kGroup = kThreads / kShare;  // threads per candidate: 16/8/4
   const int s = rank * kShare + tid / kGroup;
@@ -384,6 +449,7 @@ cudaError_t launch(const float* logits, long long stride0, long long stride1, lo
   return cudaGetLastError();
 }
 
+}  // namespace
 }  // namespace rs8
 
 extern "C" {

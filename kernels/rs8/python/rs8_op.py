@@ -27,29 +27,35 @@ def _candidates() -> list[Path]:
     return [*paths, here / "rs8_vllm" / "librs8.so", here.parent / "build" / "librs8.so"]
 
 
+def open_library(path: str | Path) -> ctypes.CDLL:
+    """Open one librs8.so build and declare its C signatures."""
+    lib = ctypes.CDLL(str(path))
+    lib.rs8_topk_decode.restype = ctypes.c_int
+    lib.rs8_topk_decode.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_longlong,
+        ctypes.c_longlong,
+        ctypes.c_longlong,
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_void_p,
+    ]
+    lib.rs8_cache_keys.restype = ctypes.c_int
+    lib.rs8_cache_keys.argtypes = [ctypes.c_int]
+    return lib
+
+
 def load_library() -> ctypes.CDLL:
     """Load librs8.so once; raise a clear error naming the paths tried."""
     global _LIB
     if _LIB is None:
         for path in _candidates():
             if path.is_file():
-                lib = ctypes.CDLL(str(path))
-                lib.rs8_topk_decode.restype = ctypes.c_int
-                lib.rs8_topk_decode.argtypes = [
-                    ctypes.c_void_p,
-                    ctypes.c_longlong,
-                    ctypes.c_longlong,
-                    ctypes.c_longlong,
-                    ctypes.c_void_p,
-                    ctypes.c_int,
-                    ctypes.c_int,
-                    ctypes.c_void_p,
-                    ctypes.c_int,
-                    ctypes.c_int,
-                    ctypes.c_void_p,
-                ]
-                lib.rs8_cache_keys.restype = ctypes.c_int
-                lib.rs8_cache_keys.argtypes = [ctypes.c_int]
+                lib = open_library(path)
                 _LIB = lib
                 break
         else:
@@ -73,10 +79,12 @@ def launch(
     stride1: int,
     k: int,
     per_row_lengths: bool | None = None,
+    lib: ctypes.CDLL | None = None,
 ) -> None:
     """Run the kernel on torch's current stream (no sync, no allocation).
 
     ``per_row_lengths`` defaults to vLLM's rule: 2-D seq_lens hold one length per row.
+    ``lib`` selects another build (tests load a deliberately broken one).
     """
     if k not in SUPPORTED_K:
         raise ValueError(f"rs8 supports k in {SUPPORTED_K}, got {k}")
@@ -89,7 +97,7 @@ def launch(
     if per_row_lengths is None:
         per_row_lengths = seq_lens.dim() == 2
     stream = torch.cuda.current_stream(logits.device).cuda_stream
-    err = load_library().rs8_topk_decode(
+    err = (lib or load_library()).rs8_topk_decode(
         logits.data_ptr(),
         stride0,
         stride1,

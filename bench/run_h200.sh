@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# One device call (run from the repo root on the GPU machine; writes under $OUT):
+# build rs8 for sm_90a + sm_120 and check the machine code, build the -DRS8_BREAK
+# variant, build vLLM 0.33.0's top-k kernels (from the carried, git-ignored
+# .rs8_vllm_src/csrc) unless a prebuilt .rs8_vllm_src/prebuilt/rs8vb.so is
+# carried, then the GPU tests and the benchmark.  Each step has a time limit so a
+# hung kernel cannot eat the whole call.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT="${OUT:-/tmp/rs8out}"
+mkdir -p "$OUT"
+STEPS="${STEPS:-smoke tests bench}"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+
+vb=.rs8_vllm_src/prebuilt/rs8vb.so
+if [[ ! -f "$vb" && -d .rs8_vllm_src/csrc ]]; then
+  (time MAX_JOBS=16 python3 bench/build_vllm_topk.py --src .rs8_vllm_src/csrc --out /tmp/rs8vb \
+     >"$OUT/vllm_build.log" 2>&1) 2>>"$OUT/vllm_build.log" &
+  vb=/tmp/rs8vb/rs8vb.so
+fi
+kernels/rs8/build.sh kernels/rs8/build "90a 120" 2>&1 | tee "$OUT/build.log"
+RS8_EXTRA_FLAGS=-DRS8_BREAK kernels/rs8/build.sh /tmp/rs8break 90a >/dev/null 2>&1
+export RS8_LIB="$PWD/kernels/rs8/build/librs8.so" RS8_BREAK_LIB=/tmp/rs8break/librs8.so
+# Timing variants: VARIANTS="name:-DFLAG name2:-DFLAG2" builds each for sm_90a.
+variant_args=()
+for v in ${VARIANTS:-}; do
+  name="${v%%:*}"; flags="${v#*:}"
+  RS8_EXTRA_FLAGS="${flags//,/ }" kernels/rs8/build.sh "/tmp/rs8v_$name" 90a >/dev/null 2>&1 &&
+    variant_args+=(--variant "$name=/tmp/rs8v_$name/librs8.so")
+done
+
+if [[ " $STEPS " == *" smoke "* ]]; then
+  timeout 60 python3 - <<'PY' 2>&1 | tee "$OUT/smoke.log"
+import sys, torch
+sys.path.insert(0, "kernels/rs8/python")
+import rs8_op, rs8_ref
+for L in (100, 5000, 150000, 190000):
+    x = torch.randn(6, L, device="cuda")
+    seq = torch.full((6, 1), L, dtype=torch.int32, device="cuda")
+    out = torch.full((6, 512), -7, dtype=torch.int32, device="cuda")
+    rs8_op.launch(x, 1, seq, out, 6, L, 1, 512)
+    torch.cuda.synchronize()
+    ref = rs8_ref.topk_decode_ref(x.cpu(), 1, seq.cpu(), 512)
+    print("smoke", L, "equal" if torch.equal(out.cpu(), ref) else "DIFF",
+          (out.cpu() != ref).sum().item())
+PY
+fi
+if [[ " $STEPS " == *" tests "* ]]; then
+  timeout 300 python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu -x \
+    tests/test_rs8_gpu.py 2>&1 | tee "$OUT/gpu_tests.log"
+fi
+wait
+tail -3 "$OUT/vllm_build.log" 2>/dev/null
+if [[ -f "$vb" && ! -f .rs8_vllm_src/prebuilt/rs8vb.so ]]; then cp "$vb" "$OUT/rs8vb.so"; fi
+if [[ " $STEPS " == *" bench "* ]]; then
+  timeout 400 python3 bench/rs8_bench.py --vllm-lib "$vb" --out "$OUT/bench.md" \
+    --json "$OUT/bench.json" "${variant_args[@]}" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
+fi

@@ -1,0 +1,211 @@
+"""GPU exactness tests of the rs8 kernel: byte-identical to the CPU reference.
+
+Skipped cleanly without a CUDA device (CI). On a GPU they need librs8.so: $RS8_LIB,
+or kernels/rs8/build/librs8.so, which is built here with build.sh if nvcc exists.
+The broken-build test needs $RS8_BREAK_LIB (a build with -DRS8_BREAK), or nvcc.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "kernels" / "rs8" / "python"))
+
+import rs8_op  # noqa: E402
+import rs8_ref  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+POISON = -7
+
+
+def _arch() -> str:
+    major, minor = torch.cuda.get_device_capability()
+    return f"{major}{minor}" + ("a" if major == 9 else "")
+
+
+def _build(out: Path, extra: str = "") -> Path:
+    if shutil.which("nvcc") is None:
+        pytest.skip("no nvcc to build librs8.so")
+    env = dict(os.environ, RS8_EXTRA_FLAGS=extra)
+    subprocess.run(
+        [str(ROOT / "kernels" / "rs8" / "build.sh"), str(out), _arch()], check=True, env=env
+    )
+    return out / "librs8.so"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _library() -> None:
+    if not os.environ.get("RS8_LIB") and not (ROOT / "kernels/rs8/build/librs8.so").is_file():
+        os.environ["RS8_LIB"] = str(_build(ROOT / "kernels" / "rs8" / "build"))
+    rs8_op.load_library()
+
+
+def run_rs8(
+    logits: torch.Tensor, next_n: int, seq_lens: torch.Tensor, k: int, lib: object = None
+) -> torch.Tensor:
+    """One call into poisoned output, so unwritten slots show up."""
+    out = torch.full((logits.shape[0], k), POISON, dtype=torch.int32, device=logits.device)
+    rs8_op.launch(
+        logits,
+        next_n,
+        seq_lens,
+        out,
+        logits.shape[0],
+        logits.stride(0),
+        logits.stride(1),
+        k,
+        lib=lib,  # type: ignore[arg-type]
+    )
+    torch.cuda.synchronize()
+    return out.cpu()
+
+
+def mismatched_rows(
+    logits: torch.Tensor, next_n: int, seq_lens: torch.Tensor, k: int, lib: object = None
+) -> list[int]:
+    got = run_rs8(logits, next_n, seq_lens, k, lib)
+    ref = rs8_ref.topk_decode_ref(logits.cpu(), next_n, seq_lens.cpu(), k)
+    return [r for r in range(got.shape[0]) if not torch.equal(got[r], ref[r])]
+
+
+def per_row(lengths: list[int]) -> torch.Tensor:
+    return torch.tensor(lengths, dtype=torch.int32, device="cuda").reshape(-1, 1)
+
+
+def edge_lengths(k: int, gen: torch.Generator) -> list[int]:
+    cache = rs8_op.cache_keys(k)
+    cluster = 8 * cache
+    fixed = [1, 2, k - 1, k, k + 1, k + 2, 1000, 4097, cache - 1, cache, cache + 1]
+    fixed += [cluster - 1, cluster, cluster + 1, cluster + 4, cluster + 5, cluster + 33]
+    fixed += [200_000, 262_144, 300_000]
+    rand = torch.randint(1, 300_001, (12,), generator=gen).tolist()
+    return fixed + rand
+
+
+@pytest.mark.parametrize("k", [512, 1024, 2048])
+def test_random_rows_all_lengths(k: int) -> None:
+    gen = torch.Generator().manual_seed(k)
+    lengths = edge_lengths(k, gen)
+    width = 300_004
+    logits = torch.randn(len(lengths), width, generator=gen)
+    logits[1::3] = torch.relu(logits[1::3])  # ReLU-like rows: many exact-zero ties
+    logits[2::5] = torch.round(logits[2::5] * 4) / 4  # coarse values: ties at the cutoff
+    assert mismatched_rows(logits.cuda(), 1, per_row(lengths), k) == []
+
+
+def adversarial(n: int, gen: torch.Generator) -> torch.Tensor:
+    """Rows of length n that stress ties, signed zeros, infinities and NaNs."""
+    rows = []
+    rows.append(torch.full((n,), 0.5))
+    r = torch.relu(torch.randn(n, generator=gen))
+    rows.append(r)
+    r2 = torch.zeros(n)
+    r2[torch.randperm(n, generator=gen)[:100]] = 1.0
+    rows.append(r2)  # cutoff inside the zeros
+    signs = torch.randint(0, 2, (n,), generator=gen).bool()
+    rows.append(torch.where(signs, torch.tensor(0.0), torch.tensor(-0.0)))
+    v = torch.randn(n, generator=gen)
+    v[torch.randperm(n, generator=gen)[: n // 50]] = float("inf")
+    v[torch.randperm(n, generator=gen)[: n // 50]] = float("-inf")
+    rows.append(v)
+    words = torch.tensor([0x7FC00000, 0xFFC00000, 0x7F800001, 0xFFFFFFFF], dtype=torch.int64)
+    nan = words.to(torch.int32).view(torch.float32).repeat(n // 8)
+    w = torch.randn(n, generator=gen)
+    w[torch.randperm(n, generator=gen)[: nan.numel()]] = nan
+    rows.append(w)
+    rows.append(torch.arange(n, dtype=torch.float32))
+    rows.append(-torch.arange(n, dtype=torch.float32))
+    rows.append(torch.arange(n, dtype=torch.float32) % 1000)
+    rows.append(torch.randint(0, 3, (n,), generator=gen).float())
+    big = torch.randn(n, generator=gen) * 1e30  # outside the coarse bucket range
+    rows.append(big)
+    tiny = torch.randn(n, generator=gen) * 1e-30
+    rows.append(tiny)
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("k", [512, 2048])
+@pytest.mark.parametrize("n", [3000, 150_000, 200_000])
+def test_adversarial_rows(k: int, n: int) -> None:
+    gen = torch.Generator().manual_seed(n + k)
+    logits = adversarial(n, gen)
+    lengths = [n] * logits.shape[0]
+    assert mismatched_rows(logits.cuda(), 1, per_row(lengths), k) == []
+
+
+def test_noncontiguous_strides_and_1d_seq_lens() -> None:
+    gen = torch.Generator().manual_seed(99)
+    rows, width, k, next_n = 12, 190_003, 512, 6
+    base = torch.randn(rows, 3 * width + 1, generator=gen).cuda()
+    seq = torch.tensor([190_000, 100_000], dtype=torch.int32, device="cuda")
+    strided = base[:, 1::3]  # stride1 = 3, misaligned base
+    assert mismatched_rows(strided, next_n, seq, k) == []
+    offset = base[:, 1 : width + 1]  # stride1 = 1, base not 16-byte aligned
+    assert mismatched_rows(offset, next_n, seq, k) == []
+    tall = torch.randn(width, rows, generator=gen).cuda().t()  # stride0 = 1, stride1 = rows
+    assert mismatched_rows(tall, next_n, seq, k) == []
+    seq2d = torch.tensor([[5, 190_000, 0], [700, 183_425, 1]], dtype=torch.int32, device="cuda")
+    six = base[:6, : width * 3 : 3]
+    assert mismatched_rows(six, 3, seq2d, k) == []
+
+
+def test_cuda_graph_replay() -> None:
+    """Capture once, then change data and lengths in place: every replay stays exact."""
+    gen = torch.Generator().manual_seed(5)
+    rows, width, k = 6, 192_000, 512
+    logits = torch.randn(rows, width, generator=gen).cuda()
+    seq = torch.full((rows, 1), width, dtype=torch.int32, device="cuda")
+    out = torch.full((rows, k), POISON, dtype=torch.int32, device="cuda")
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        rs8_op.launch(logits, 1, seq, out, rows, width, 1, k)  # warm-up outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        rs8_op.launch(logits, 1, seq, out, rows, width, 1, k)
+    for trial in range(4):
+        logits.copy_(torch.randn(rows, width, generator=gen))
+        if trial == 2:
+            logits.copy_(adversarial(width, gen)[:rows])
+        lengths = torch.randint(1, width + 1, (rows, 1), generator=gen, dtype=torch.int32)
+        lengths[0, 0] = 183_425
+        seq.copy_(lengths)
+        out.fill_(POISON)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = rs8_ref.topk_decode_ref(logits.cpu(), 1, seq.cpu(), k)
+        assert torch.equal(out.cpu(), ref), trial
+
+
+def test_same_bytes_every_run() -> None:
+    gen = torch.Generator().manual_seed(8)
+    logits = adversarial(160_000, gen).cuda()
+    seq = per_row([160_000] * logits.shape[0])
+    first = run_rs8(logits, 1, seq, 512)
+    for _ in range(3):
+        assert torch.equal(run_rs8(logits, 1, seq, 512), first)
+
+
+def test_deliberately_broken_build_is_caught(tmp_path: Path) -> None:
+    """A build that ranks -0.0 like +0.0 must fail the same comparison."""
+    path = os.environ.get("RS8_BREAK_LIB") or str(_build(tmp_path, "-DRS8_BREAK"))
+    broken = rs8_op.open_library(path)
+    gen = torch.Generator().manual_seed(17)
+    logits = adversarial(5000, gen).cuda()
+    seq = per_row([5000] * logits.shape[0])
+    bad = mismatched_rows(logits, 1, seq, 512, lib=broken)
+    assert bad, "the broken build passed: the check cannot fail"
+    assert mismatched_rows(logits, 1, seq, 512) == []
