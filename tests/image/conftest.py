@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -20,6 +19,7 @@ import pytest
 
 from frank.image.base import BaseImage, layout_from_rootfs, resolve_base
 from frank.image.store import BlobStore
+from tests.image.image_helpers import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,13 +51,6 @@ def test_base() -> BaseImage:
     if shutil.which("debootstrap") is None:
         pytest.skip("debootstrap not installed")
     return resolve_base(REPO_ROOT / "images" / "test-base.toml", BlobStore(), quiet=True)
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_registry(workdir: Path, *, readonly: bool = False) -> tuple[subprocess.Popen[bytes], str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import socket
 from pathlib import Path
 
 from frank.image.base import BaseImage
@@ -53,3 +54,10 @@ def make_spec(base: BaseImage, src: dict[str, Path], *, kernel_key: str = "v1",
         annotations={"dev.frank.lock.digest": "sha256:" + key_of("lock", "1")},
         source_date_epoch=epoch,
     )
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -49,22 +49,27 @@ def test_docker_counts_only_with_a_daemon(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @needs_buildah
-def test_buildah_builds_a_run_step(tmp_path: Path, test_base: BaseImage) -> None:
+@pytest.mark.parametrize("name", ["buildah", "podman"])
+def test_engine_builds_a_run_step(tmp_path: Path, test_base: BaseImage, name: str) -> None:
+    if shutil.which(name) is None:
+        pytest.skip(f"{name} missing")
     ctx = tmp_path / "ctx"
     ctx.mkdir()
     (ctx / "Dockerfile").write_text(DOCKERFILE)
     store = BlobStore(tmp_path / "cache")
-    engine = get_engine("buildah", store)
+    engine = get_engine(name, store)
     d1 = build_dockerfile(engine, ctx, tmp_path / "out1", base_layout=test_base.layout,
-                          base_digest=test_base.digest, source_date_epoch=EPOCH)
+                          base_digest=test_base.digest, source_date_epoch=EPOCH, store=store)
     info = read_layout(tmp_path / "out1")
     assert info.digest == d1 and info.created == "2023-11-14T22:13:20Z"
     assert len(info.layers) == 2
-    proc = run_image(tmp_path / "out1", engine=engine)
+    assert info.layers[0].digest == read_layout(test_base.layout).layers[0].digest
+    assert all(x.media_type.endswith(".tar") for x in info.layers), info.layers
+    proc = run_image(tmp_path / "out1", engine=get_engine("buildah", store))
     assert proc.stdout == f"epoch={EPOCH} base={test_base.digest} py=3.11"
     # the same Dockerfile, epoch and base give the same digest again
     d2 = build_dockerfile(engine, ctx, tmp_path / "out2", base_layout=test_base.layout,
-                          base_digest=test_base.digest, source_date_epoch=EPOCH)
+                          base_digest=test_base.digest, source_date_epoch=EPOCH, store=store)
     assert d2 == d1
 
 

@@ -223,3 +223,42 @@ def test_output_over_a_non_layout_dir_refused(tmp_path: Path, mini_base: BaseIma
     with pytest.raises(FrankError, match="not an OCI layout"):
         build_image(spec, store, tmp_path / "out")
     assert (tmp_path / "out" / "precious.txt").read_text() == "keep me"
+
+
+def _gzip_copy(src: Path, dst: Path, *, corrupt: bool = False) -> None:
+    """A copy of a layout whose layers are gzipped (as engines export them)."""
+    import gzip
+
+    from frank.image.oci import canonical_json
+
+    shutil.copytree(src, dst)
+    _, _, manifest = resolve_manifest(dst)
+    blobs = dst / "blobs" / "sha256"
+    for layer in manifest["layers"]:
+        data = (blobs / layer["digest"].split(":")[1]).read_bytes()
+        if corrupt:
+            data = data[:-1] + b"!"
+        gz = gzip.compress(data, mtime=0)
+        digest = "sha256:" + __import__("hashlib").sha256(gz).hexdigest()
+        (blobs / digest.split(":")[1]).write_bytes(gz)
+        layer.update(mediaType="application/vnd.oci.image.layer.v1.tar+gzip", digest=digest,
+                     size=len(gz))
+    raw = canonical_json(manifest)
+    mdig = "sha256:" + __import__("hashlib").sha256(raw).hexdigest()
+    (blobs / mdig.split(":")[1]).write_bytes(raw)
+    (dst / "index.json").write_bytes(canonical_json({"schemaVersion": 2, "manifests": [
+        {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": mdig,
+         "size": len(raw)}]}))
+
+
+def test_normalize_undoes_engine_compression(tmp_path: Path, mini_base: BaseImage,
+                                             store: BlobStore) -> None:
+    from frank.image.oci import normalize_layout
+
+    _gzip_copy(mini_base.layout, tmp_path / "gz")
+    assert resolve_manifest(tmp_path / "gz")[0] != mini_base.digest
+    assert normalize_layout(tmp_path / "gz", store, tmp_path / "out") == mini_base.digest
+    _gzip_copy(mini_base.layout, tmp_path / "bad", corrupt=True)
+    with pytest.raises(FrankError, match="decompresses to"):
+        normalize_layout(tmp_path / "bad", BlobStore(tmp_path / "fresh"), tmp_path / "out2")
+    assert not (tmp_path / "out2").exists()

@@ -14,8 +14,7 @@ from frank.image.base import BaseImage
 from frank.image.oci import build_image, read_image
 from frank.image.registry import pull_layout, push_layout
 from frank.image.store import BlobStore
-from tests.image.conftest import free_port
-from tests.image.image_helpers import make_sources, make_spec
+from tests.image.image_helpers import free_port, make_sources, make_spec
 
 pytestmark = pytest.mark.slow
 

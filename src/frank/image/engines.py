@@ -15,6 +15,7 @@ layers are exported uncompressed (see ``frank.image.layer`` on why not gzip).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import shutil
 import subprocess
 import tempfile
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Literal
 
 from frank.errors import FrankError
-from frank.image.oci import _swap_into_place, resolve_manifest
+from frank.image.oci import normalize_layout, resolve_manifest
 from frank.image.store import BlobStore, check_digest
 
 EngineName = Literal["buildah", "podman", "docker"]
@@ -57,6 +58,13 @@ def _docker_answers(exe: str) -> bool:
         return False
 
 
+def _runroot(root: Path) -> Path:
+    """A short runroot per storage root: podman refuses runroots over 50 characters, and
+    runroot only holds locks and mount state, which belong in tmpfs-like places anyway."""
+    tag = hashlib.sha256(str(root.absolute()).encode()).hexdigest()[:12]
+    return Path("/tmp") / f"frank-run-{tag}"
+
+
 def detect(store: BlobStore | None = None) -> list[Engine]:
     """Engines usable here, in preference order (docker only if its daemon answers)."""
     store = store or BlobStore()
@@ -65,8 +73,8 @@ def detect(store: BlobStore | None = None) -> list[Engine]:
         exe = shutil.which(name)
         if exe is None or (name == "docker" and not _docker_answers(exe)):
             continue
-        base = store.root / "containers" / name
-        found.append(Engine(name, exe, base / "root", base / "runroot"))
+        root = store.root / "containers" / name
+        found.append(Engine(name, exe, root, _runroot(root)))
     return found
 
 
@@ -145,13 +153,16 @@ def build_dockerfile(
     source_date_epoch: int,
     dockerfile: Path | None = None,
     build_args: dict[str, str] | None = None,
+    store: BlobStore | None = None,
     timeout: float | None = 3600,
 ) -> str:
     """Build ``context`` with ``engine`` and export it as an OCI layout; return its digest.
 
-    The layout is written to a temp dir and swapped into place only when the build and the
-    export both succeed, so a build that fails halfway leaves no output.
+    The engine exports to a temp dir; the result is normalized (uncompressed layers,
+    canonical manifest, see ``normalize_layout``) into ``out_layout`` only when the build
+    and the export both succeed, so a build that fails halfway leaves no output.
     """
+    store = store or BlobStore()
     context = Path(context).absolute()
     dockerfile = Path(dockerfile).absolute() if dockerfile else context / "Dockerfile"
     if not dockerfile.is_file():
@@ -175,14 +186,12 @@ def build_dockerfile(
                   f"oci:{tmp}"], "buildah push to an OCI layout")
         else:
             shutil.rmtree(tmp)
-            _run([*engine.base_args(), "save", "--format", "oci-dir", "-o", str(tmp), tag],
+            _run([*engine.base_args(), "save", "--format", "oci-dir", "--uncompressed",
+                  "-o", str(tmp), tag],
                  "podman save to an OCI layout")
-        digest, _, _ = resolve_manifest(tmp)
-        _swap_into_place(tmp, out_layout)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        digest = normalize_layout(tmp, store, out_layout, epoch=source_date_epoch)
     finally:
+        shutil.rmtree(tmp, ignore_errors=True)
         subprocess.run([*engine.base_args(), "rmi", "-f", tag], capture_output=True)
     return digest
 

@@ -445,3 +445,68 @@ def read_image(ref: str | Path) -> ImageInfo:
     from frank.image.registry import inspect_remote
 
     return inspect_remote(str(ref))
+
+
+_GZIP_TYPES = ("application/vnd.oci.image.layer.v1.tar+gzip",
+               "application/vnd.docker.image.rootfs.diff.tar.gzip")
+_TAR_TYPES = ("application/vnd.oci.image.layer.v1.tar",
+              "application/vnd.docker.image.rootfs.diff.tar")
+
+
+def normalize_layout(src: Path, store: BlobStore, out_layout: Path, *,
+                     epoch: int = 0) -> str:
+    """Re-write an engine's exported layout with uncompressed layers and canonical JSON.
+
+    Engines decide compression on their own (containers/image reuses a gzip copy it saw in an
+    earlier push, whatever ``--disable-compression`` says), so their output digest depends on
+    the machine's history. Decompressing every layer (checked against the config's diff_ids)
+    and re-serializing the manifest makes it a function of the config alone.
+    """
+    import gzip
+
+    src = Path(src)
+    _, _, manifest = resolve_manifest(src)
+    cdig, csize, _ = _descriptor(manifest.get("config"), src, "config")
+    _import_blob(store, src, cdig, csize, "config")
+    config = json.loads(store.read_bytes(cdig))
+    diff_ids = config.get("rootfs", {}).get("diff_ids", [])
+    layers = manifest.get("layers", [])
+    if len(diff_ids) != len(layers):
+        raise FrankError("exported image's config diff_ids do not match its layers", file=src)
+    descs: list[dict[str, Any]] = []
+    for i, d in enumerate(layers):
+        digest, size, mt = _descriptor(d, src, f"layers[{i}]")
+        if mt in _TAR_TYPES:
+            _import_blob(store, src, digest, size, f"layer {i}")
+            if digest != diff_ids[i]:
+                raise FrankError(f"layer {i} digest differs from its diff_id", file=src)
+            descs.append({"mediaType": _TAR_TYPES[0], "digest": digest, "size": size})
+            continue
+        if mt not in _GZIP_TYPES:
+            raise FrankError(f"layer {i} has unsupported media type {mt!r}", file=src)
+        if not store.has(diff_ids[i]):
+            path = layout_blob_path(src, digest)
+            if not path.is_file() or sha256_file(path) != digest:
+                raise FrankError(f"corrupt OCI layout: layer blob {digest} is missing or does "
+                                 "not match its digest", file=path)
+            with store.writer() as w, gzip.open(path, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    w.write(chunk)
+            if w.digest != diff_ids[i]:
+                raise FrankError(f"layer {i} decompresses to {w.digest}, the config says "
+                                 f"{diff_ids[i]}", file=path)
+        unpacked = store.verified_path(diff_ids[i])
+        descs.append({"mediaType": _TAR_TYPES[0], "digest": diff_ids[i],
+                      "size": unpacked.stat().st_size})
+    new = {"schemaVersion": 2, "mediaType": OCI_MANIFEST,
+           "config": {"mediaType": OCI_CONFIG, "digest": cdig, "size": csize},
+           "layers": descs}
+    if manifest.get("annotations"):
+        new["annotations"] = manifest["annotations"]
+    raw = canonical_json(new)
+    digest = store.put_bytes(raw)
+    index = {"schemaVersion": 2, "mediaType": OCI_INDEX,
+             "manifests": [{"mediaType": OCI_MANIFEST, "digest": digest, "size": len(raw)}]}
+    write_layout(store, Path(out_layout), canonical_json(index),
+                 [cdig, digest, *(x["digest"] for x in descs)], epoch=epoch)
+    return digest
