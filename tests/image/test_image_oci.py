@@ -61,6 +61,26 @@ def test_two_clean_builds_are_identical(tmp_path: Path, mini_base: BaseImage) ->
         assert r.returncode == 0, r.stdout[-2000:]
 
 
+@pytest.mark.skipif(not os.environ.get("FRANK_ALT_PYTHONS"),
+                    reason="set FRANK_ALT_PYTHONS=/path/python3.12:/path/python3.13 "
+                    "(each with pydantic and rich) to compare interpreters")
+def test_other_interpreters_agree(tmp_path: Path, mini_base: BaseImage) -> None:
+    """tarfile and json are ours only through the stdlib: other Pythons must agree."""
+    src = make_sources(tmp_path / "ref" / "src")
+    want = build_image(make_spec(mini_base, src), BlobStore(tmp_path / "ref" / "cache"),
+                       tmp_path / "ref" / "out")
+    repo = Path(__file__).parents[2]
+    for i, exe in enumerate(os.environ["FRANK_ALT_PYTHONS"].split(":")):
+        d = tmp_path / f"alt{i}"
+        proc = subprocess.run(
+            [exe, "-c", _SUBPROCESS_BUILD, str(repo), str(mini_base.layout), mini_base.digest,
+             str(d / "src"), str(d / "cache"), str(d / "out")],
+            capture_output=True, text=True, check=True,
+            env={**os.environ, "PYTHONPATH": str(repo / "src")})
+        assert proc.stdout.strip() == want, exe
+        assert _tree_bytes(d / "out") == _tree_bytes(tmp_path / "ref" / "out")
+
+
 def test_digest_depends_on_epoch(tmp_path: Path, mini_base: BaseImage,
                                  store: BlobStore) -> None:
     src = make_sources(tmp_path / "src")
