@@ -116,6 +116,9 @@ __device__ __forceinline__ void store_and_count(float4 q, int i, unsigned int* c
   kk.z = to_key(__float_as_uint(q.z));
   kk.w = to_key(__float_as_uint(q.w));
   if (i < cap) *reinterpret_cast<uint4*>(cache + i) = kk;  // cap is a multiple of 4
+#ifdef RS8_P0_NOHIST
+  return;  // timing variant only: load + cache without the histogram
+#endif
   atomicAdd(&h[bucket(kk.x)], 1u);
   atomicAdd(&h[bucket(kk.y)], 1u);
   atomicAdd(&h[bucket(kk.z)], 1u);
@@ -170,6 +173,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
   int* out = indices + static_cast<long long>(row) * K;
 
   constexpr int kShare = K / kCluster;
+  constexpr int kCap = P::kAuxBytes / 8;  // candidate slots in aux
   if (L <= K) {
     // Short row: 0..L-1 then -1.  No DSMEM, so blocks may leave independently.
     for (int s = rank * kShare + tid; s < (rank + 1) * kShare; s += kThreads)
@@ -244,6 +248,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
 #else
   constexpr bool kList = true;
 #endif
+  unsigned int ncand = K;   // candidates the gather collects (K, or more on the fast path)
   bool make_list = false;  // this refine pass builds the list
   bool use_list = false;   // later passes and the gather walk the list
 
@@ -305,15 +310,26 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
       use_list = misc->nlist <= static_cast<unsigned int>(kListCap);
     }
 
-    // Sum the cluster's histograms: thread t owns bin t.
-    unsigned int c = 0;
-    {
-      unsigned int parts[kCluster];
+    // Sum the cluster's histograms with 16-byte DSMEM reads (4x fewer remote
+    // transactions than one bin per thread) into this block's idle buffer hB:
+    // nobody reads hB remotely any more (every block passed the barrier above).
+    if (tid < kBins / 4) {
+      uint4 parts[kCluster];
 #pragma unroll
-      for (int q = 0; q < kCluster; ++q) parts[q] = cluster.map_shared_rank(hA, q)[tid];
+      for (int q = 0; q < kCluster; ++q)
+        parts[q] = reinterpret_cast<const uint4*>(cluster.map_shared_rank(hA, q))[tid];
+      uint4 sum = parts[0];
 #pragma unroll
-      for (int q = 0; q < kCluster; ++q) c += parts[q];
+      for (int q = 1; q < kCluster; ++q) {
+        sum.x += parts[q].x;
+        sum.y += parts[q].y;
+        sum.z += parts[q].z;
+        sum.w += parts[q].w;
+      }
+      reinterpret_cast<uint4*>(hB)[tid] = sum;
     }
+    __syncthreads();
+    const unsigned int c = hB[tid];  // thread t owns bin t
     // Count in bins above bin t (exclusive suffix sum over the block).
     const unsigned int wincl = warp_suffix_incl(c, lane);
     if (lane == 0) misc->warp_sums[warp] = wincl;
@@ -339,6 +355,11 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
       lo = bucket_lo(d);
       hi = bucket_hi(d);
       make_list = kList;
+      // Few entries at or above the cutoff bucket: take them all as
+      // candidates and let the ranking pick the top K exactly (no more passes).
+      ncand = (K - krem) + cnt;
+      if (ncand <= static_cast<unsigned int>(kCap)) break;
+      ncand = K;
     } else if (phase == 1) {
       lo = lo + (d << shift);
       const unsigned int w = (1u << shift) - 1u;
@@ -397,7 +418,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
       slot0 = __shfl_sync(0xffffffffu, slot0, leader);
       if (sel) {
         const unsigned int slot = slot0 + __popc(msk & lt_mask);
-        if (slot < static_cast<unsigned int>(K)) {
+        if (slot < ncand) {
           const unsigned long long c =
               (static_cast<unsigned long long>(k) << 32) |
               static_cast<unsigned long long>(0xffffffffu - static_cast<unsigned int>(start + i));
@@ -414,18 +435,22 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
 #if defined(RS8_STAGE) && RS8_STAGE == 3
   return;  // timing variant: through the gather
 #endif
-  // ---- rank: block r places slots [r*K/8, (r+1)*K/8) ------------------------
-  constexpr int kGroup = kThreads / kShare;  // threads per candidate: 16/8/4
-  const int s = rank * kShare + tid / kGroup;
+  // ---- rank: candidate s goes to slot (number of candidates above it) ------
+  // Block r ranks candidates [r*kCap/8, (r+1)*kCap/8); kGroup threads share one.
+  constexpr int kPerBlock = kCap / kCluster;
+  constexpr int kGroup = kThreads / kPerBlock;
+  static_assert(kGroup >= 1 && kGroup <= 32 && kThreads % kPerBlock == 0, "rank split");
+  const unsigned int s = rank * kPerBlock + tid / kGroup;
   const int g = tid % kGroup;
-  const unsigned long long mine_c = cand[s];
+  const unsigned long long mine_c = (s < ncand) ? cand[s] : 0ull;
   unsigned int greater = 0;
 #pragma unroll 8
-  for (int j = g; j < K; j += kGroup) greater += (cand[j] > mine_c) ? 1u : 0u;
+  for (unsigned int j = g; j < ncand; j += kGroup) greater += (cand[j] > mine_c) ? 1u : 0u;
 #pragma unroll
   for (int off = kGroup / 2; off > 0; off >>= 1)
     greater += __shfl_xor_sync(0xffffffffu, greater, off);
-  if (g == 0) out[greater] = static_cast<int>(0xffffffffu - static_cast<unsigned int>(mine_c));
+  if (g == 0 && s < ncand && greater < static_cast<unsigned int>(K))
+    out[greater] = static_cast<int>(0xffffffffu - static_cast<unsigned int>(mine_c));
 }
 
 template <int K>
