@@ -282,3 +282,25 @@ def test_normalize_undoes_engine_compression(tmp_path: Path, mini_base: BaseImag
     with pytest.raises(FrankError, match="decompresses to"):
         normalize_layout(tmp_path / "bad", BlobStore(tmp_path / "fresh"), tmp_path / "out2")
     assert not (tmp_path / "out2").exists()
+
+
+def test_noop_keeps_a_current_output_and_repairs_a_touched_one(
+        tmp_path: Path, mini_base: BaseImage, store: BlobStore) -> None:
+    spec = make_spec(mini_base, make_sources(tmp_path / "src"))
+    out = tmp_path / "out"
+    build_image(spec, store, out)
+    good = _tree_bytes(out)
+    blob = out / "blobs" / "sha256" / read_layout(out).layers[2].digest.split(":")[1]
+    ino = blob.stat().st_ino
+    build_image(spec, store, out)
+    assert blob.stat().st_ino == ino, "a current output is left alone"
+    with blob.open("r+b") as f:
+        f.write(b"\0")
+    build_image(spec, store, out)
+    assert _tree_bytes(out) == good, "a modified output is rewritten"
+    (out / "blobs" / "sha256" / "extra").write_text("x")
+    build_image(spec, store, out)
+    assert _tree_bytes(out) == good
+    blob.unlink()
+    build_image(spec, store, out)
+    assert _tree_bytes(out) == good

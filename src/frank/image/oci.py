@@ -320,16 +320,22 @@ def write_layout(store: BlobStore, out: Path, index_raw: bytes, blobs: list[str]
 
     File modes are fixed (0644/0755) and mtimes set to ``epoch`` so two layouts of the same
     image are identical to the metadata, whatever the umask or the clock (diffoscope checks
-    both).
+    both). Every blob is verified in the store first. If ``out`` already holds exactly this
+    layout, untouched since frank wrote it (same stat stamps, see ``BlobStore``), nothing is
+    copied: a no-op rebuild of a multi-gigabyte image costs a few stats.
     """
     out = out.absolute()
+    wanted = list(dict.fromkeys(blobs))
+    sources = {d: store.verified_path(d) for d in wanted}
+    record = _output_record_path(store, out)
+    if _output_is_current(out, index_raw, wanted, record):
+        return
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         bdir = tmp / "blobs" / "sha256"
         bdir.mkdir(parents=True)
-        for digest in dict.fromkeys(blobs):
-            src = store.verified_path(digest)
+        for digest, src in sources.items():
             shutil.copyfile(src, bdir / digest.split(":", 1)[1])
         (tmp / "oci-layout").write_bytes(canonical_json({"imageLayoutVersion": "1.0.0"}))
         (tmp / "index.json").write_bytes(index_raw)
@@ -342,10 +348,49 @@ def write_layout(store: BlobStore, out: Path, index_raw: bytes, blobs: list[str]
         for p in (bdir, tmp / "blobs", tmp):
             os.chmod(p, 0o755)
             os.utime(p, (epoch, epoch))
+        stamps = _stamps(tmp, wanted)
+        with contextlib.suppress(FileNotFoundError):
+            record.unlink()
         _swap_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    doc = {"index": sha256_bytes(index_raw), "files": stamps}
+    store._atomic_write(record, canonical_json(doc))
+
+
+def _layout_files(layout: Path, blobs: list[str]) -> list[str]:
+    return ["oci-layout", "index.json", *(f"blobs/sha256/{d.split(':', 1)[1]}" for d in blobs)]
+
+
+def _stamps(layout: Path, blobs: list[str]) -> dict[str, list[int]]:
+    out = {}
+    for rel in _layout_files(layout, blobs):
+        st = (layout / rel).stat()
+        out[rel] = [st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
+    return out
+
+
+def _output_record_path(store: BlobStore, out: Path) -> Path:
+    d = store.root / "outputs"
+    d.mkdir(exist_ok=True)
+    return d / sha256_bytes(str(out).encode()).split(":", 1)[1]
+
+
+def _output_is_current(out: Path, index_raw: bytes, blobs: list[str], record: Path) -> bool:
+    """Whether ``out`` is the layout frank last wrote there for this index, unmodified."""
+    try:
+        doc = json.loads(record.read_bytes())
+        if doc.get("index") != sha256_bytes(index_raw):
+            return False
+        if (out / "index.json").read_bytes() != index_raw:
+            return False
+        if doc.get("files") != _stamps(out, blobs):
+            return False
+        present = {p.name for p in (out / "blobs" / "sha256").iterdir()}
+        return present == {d.split(":", 1)[1] for d in blobs}
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _swap_into_place(new: Path, out: Path) -> None:
