@@ -110,3 +110,71 @@ def _members(base: BaseImage) -> set[str]:
     path = base.layout / "blobs" / "sha256" / info.layers[0].digest.split(":")[1]
     with tarfile.open(path) as tar:
         return set(tar.getnames())
+
+
+def _run(*args: str) -> str:
+    import subprocess
+
+    return subprocess.run(list(args), capture_output=True, text=True, check=True).stdout
+
+
+@pytest.mark.slow
+def test_docker_v2s2_base_keeps_its_digest(tmp_path: Path, mini_base: BaseImage,
+                                           registry: str) -> None:
+    """A Docker-format base (as Docker Hub serves) is pulled byte for byte and builds."""
+    import json
+
+    from frank.image.oci import build_image
+    from frank.image.spec import ImageSpec
+
+    repo = f"{registry}/frank/v2s2"
+    _run("skopeo", "copy", "-q", "--format", "v2s2", "--dest-tls-verify=false",
+         f"oci:{mini_base.layout}", f"docker://{repo}:x")
+    raw = _run("skopeo", "inspect", "--raw", "--tls-verify=false", f"docker://{repo}:x")
+    assert json.loads(raw)["mediaType"].startswith("application/vnd.docker")
+    digest = "sha256:" + __import__("hashlib").sha256(raw.encode()).hexdigest()
+    f = tmp_path / "b.toml"
+    f.write_text(f'name = "v2"\nref = "{repo}:x@{digest}"\n')
+    store = BlobStore(tmp_path / "c")
+    base = resolve_base(f, store)
+    assert base.digest == digest and base.pinned is None
+    spec = ImageSpec(base_layout=base.layout, base_digest=base.digest, layers=(),
+                     source_date_epoch=0)
+    out = tmp_path / "out"
+    build_image(spec, store, out)
+    info = read_layout(out)
+    assert info.layers[0].media_type == "application/vnd.oci.image.layer.v1.tar"
+
+
+@pytest.mark.slow
+def test_index_pin_follows_this_platform(tmp_path: Path, mini_base: BaseImage,
+                                         registry: str) -> None:
+    """A pin on a multi-platform index resolves to this machine's image, checked by hash."""
+    import hashlib
+    import shutil as sh
+
+    from frank.image.oci import _go_arch, canonical_json, resolve_manifest
+
+    lay = tmp_path / "multi"
+    sh.copytree(mini_base.layout, lay)
+    _, mraw, _ = resolve_manifest(lay)
+    index = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+             "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
+                            "digest": mini_base.digest, "size": len(mraw),
+                            "platform": {"os": "linux", "architecture": _go_arch()}}]}
+    iraw = canonical_json(index)
+    idig = "sha256:" + hashlib.sha256(iraw).hexdigest()
+    (lay / "blobs" / "sha256" / idig.split(":")[1]).write_bytes(iraw)
+    (lay / "index.json").write_bytes(canonical_json({"schemaVersion": 2, "manifests": [
+        {"mediaType": index["mediaType"], "digest": idig, "size": len(iraw)}]}))
+    repo = f"{registry}/frank/multi"
+    _run("skopeo", "copy", "-q", "--all", "--preserve-digests", "--dest-tls-verify=false",
+         f"oci:{lay}", f"docker://{repo}@{idig}")
+    f = tmp_path / "b.toml"
+    f.write_text(f'name = "multi"\nref = "{repo}@{idig}"\n')
+    base = resolve_base(f, BlobStore(tmp_path / "c"))
+    assert (base.digest, base.pinned) == (mini_base.digest, idig)
+    wrong = tmp_path / "w.toml"
+    wrong.write_text(f'name = "multi"\nref = "{repo}@sha256:{"1" * 64}"\n')
+    with pytest.raises(FrankError, match="cannot read"):
+        resolve_base(wrong, BlobStore(tmp_path / "c2"))

@@ -90,7 +90,8 @@ class BaseImage(BaseModel):
 
     name: str
     layout: Path
-    digest: str
+    digest: str  # the image manifest's digest (what ImageSpec.base_digest takes)
+    pinned: str | None = None  # the image index's digest when the pin names an index
 
 
 def parse_pinned_ref(ref: str, *, file: Path | str | None = None) -> tuple[str, str]:
@@ -252,5 +253,6 @@ def resolve_base(path: Path, store: BlobStore, *, quiet: bool = False) -> BaseIm
         return BaseImage(name=img.name, layout=layout, digest=digest)
     from frank.image.registry import pull_pinned
 
-    layout = store.root / "bases" / digest.split(":", 1)[1]
-    return BaseImage(name=img.name, layout=pull_pinned(name, digest, layout), digest=digest)
+    layout, image_digest = pull_pinned(name, digest, store.root / "bases" / digest.split(":")[1])
+    return BaseImage(name=img.name, layout=layout, digest=image_digest,
+                     pinned=None if image_digest == digest else digest)

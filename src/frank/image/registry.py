@@ -10,6 +10,7 @@ for loopback hosts (the test registry); anything else is verified.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -21,7 +22,16 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from frank.errors import FrankError
-from frank.image.oci import ImageInfo, image_info, resolve_manifest
+from frank.image.oci import (
+    OCI_INDEX,
+    OCI_MANIFEST,
+    ImageInfo,
+    _go_arch,
+    canonical_json,
+    image_info,
+    read_layout,
+    resolve_manifest,
+)
 from frank.image.store import DIGEST_RE, sha256_bytes
 
 _LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
@@ -107,33 +117,79 @@ def push_layout(layout: Path, repository: str,
     return PushResult(repository=repository, digest=digest, tags=list(tags))
 
 
-def pull_pinned(name: str, digest: str, out_layout: Path) -> Path:
-    """Copy ``name@digest`` from a registry into an OCI layout (cached: a second call is free)."""
+def _platform_instance(name: str, digest: str) -> str:
+    """The pinned manifest's digest, or for an image index this machine's platform entry.
+
+    The pinned bytes are checked first: the index (or manifest) the registry returns must
+    hash to the pinned digest, so the entry chosen from it is covered by the pin.
+    """
+    raw = _inspect_raw(f"{name}@{digest}")
+    if sha256_bytes(raw) != digest:
+        raise FrankError(f"registry returned content with digest {sha256_bytes(raw)} for "
+                         f"{name}@{digest}")
+    doc = _json(raw, f"manifest of {name}@{digest}")
+    if "manifests" not in doc or "layers" in doc:
+        return digest
+    arch = _go_arch()
+    for d in doc["manifests"]:
+        plat = d.get("platform") or {}
+        if plat.get("os") == "linux" and plat.get("architecture") == arch:
+            return str(d["digest"])
+    raise FrankError(f"{name}@{digest} is an image index without a linux/{arch} image")
+
+
+def pull_pinned(name: str, digest: str, out_layout: Path) -> tuple[Path, str]:
+    """Copy ``name@digest`` into an OCI layout; return (layout, image manifest digest).
+
+    An index is followed to this machine's platform. skopeo writes the ``dir:`` format,
+    which keeps manifests byte for byte (the ``oci:`` writer would convert Docker manifests
+    and change the digest); frank then files the blobs as a layout, verified. A layout that
+    already holds the image is returned as is, without asking the registry.
+    """
     if not DIGEST_RE.match(digest):
         raise FrankError(f"not a sha256 digest: {digest!r}")
     out_layout = Path(out_layout).absolute()
-    try:
-        if resolve_manifest(out_layout)[0] == digest:
-            return out_layout
-    except FrankError:
-        pass
+    with contextlib.suppress(FrankError):
+        have, _, _ = resolve_manifest(out_layout)
+        record = out_layout.parent / f"{out_layout.name}.pinned"
+        if record.is_file() and record.read_text().split() == [digest, have]:
+            return out_layout, have
+    target = _platform_instance(name, digest)
     exe = _skopeo()
     out_layout.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_layout.name}.tmp-", dir=out_layout.parent))
     try:
         _run([exe, "copy", "--quiet", "--preserve-digests",
               *_tls_flags(name, ("--src-tls-verify",)),
-              f"docker://{name}@{digest}", f"oci:{tmp}"], f"pull of {name}@{digest}")
-        got, _, _ = resolve_manifest(tmp)
-        if got != digest:
-            raise FrankError(f"pulled {name}@{digest} but the layout holds {got}")
+              f"docker://{name}@{target}", f"dir:{tmp / 'dir'}"], f"pull of {name}@{target}")
+        _dir_to_layout(tmp / "dir", tmp / "layout", target)
+        read_layout(tmp / "layout")  # every blob hashed once, on the way in
         if out_layout.exists():
             shutil.rmtree(out_layout)
-        tmp.replace(out_layout)
-    except BaseException:
+        (tmp / "layout").replace(out_layout)
+        record = out_layout.parent / f"{out_layout.name}.pinned"
+        record.write_text(f"{digest} {target}\n")
+    finally:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out_layout
+    return out_layout, target
+
+
+def _dir_to_layout(src: Path, dst: Path, digest: str) -> None:
+    """File a skopeo ``dir:`` copy (manifest.json + blobs by hex) as an OCI layout."""
+    raw = (src / "manifest.json").read_bytes()
+    if sha256_bytes(raw) != digest:
+        raise FrankError(f"pulled manifest has digest {sha256_bytes(raw)}, expected {digest}")
+    media_type = _json(raw, "pulled manifest").get("mediaType", OCI_MANIFEST)
+    blobs = dst / "blobs" / "sha256"
+    blobs.mkdir(parents=True)
+    for p in src.iterdir():
+        if re.fullmatch(r"[0-9a-f]{64}", p.name):
+            p.replace(blobs / p.name)
+    (blobs / digest.split(":", 1)[1]).write_bytes(raw)
+    (dst / "oci-layout").write_bytes(canonical_json({"imageLayoutVersion": "1.0.0"}))
+    (dst / "index.json").write_bytes(canonical_json({
+        "schemaVersion": 2, "mediaType": OCI_INDEX,
+        "manifests": [{"mediaType": media_type, "digest": digest, "size": len(raw)}]}))
 
 
 def _inspect_raw(ref: str, *, config: bool = False) -> bytes:
@@ -187,5 +243,4 @@ def pull_layout(repository: str, digest: str, out_layout: Path) -> str:
     """Pull ``repository@digest`` into a fresh OCI layout; return the digest it holds."""
     if out_layout.exists():
         shutil.rmtree(out_layout)
-    pull_pinned(repository, digest, out_layout)
-    return resolve_manifest(out_layout)[0]
+    return pull_pinned(repository, digest, out_layout)[1]
