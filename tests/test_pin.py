@@ -157,7 +157,8 @@ def test_pin_image_tag_from_local_registry(repo: Path, tmp_path: Path) -> None:
     try:
         digest = _push_tiny_image(registry, "frank/base", "bookworm")
         (repo / "images/local.toml").write_text(
-            f'# a base from the local registry\nname = "local"\nref = "{registry}/frank/base:bookworm"\n')
+            "# a base from the local registry\n"
+            f'name = "local"\nref = "{registry}/frank/base:bookworm"\n')
         result = frank("pin", "--image", "local", cwd=repo)
         assert result.code == 0, result.err
         text = (repo / "images/local.toml").read_text()

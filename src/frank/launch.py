@@ -78,14 +78,20 @@ def fetch_weights(spec: dict[str, Any], cache_dir: str | None) -> Path:
     except ImportError:
         raise LaunchError("huggingface-hub is not installed (pip install huggingface-hub)") \
             from None
-    try:
-        folder = Path(snapshot_download(
-            repo_id=spec["repo_id"], revision=revision, allow_patterns=spec["allow_patterns"],
-            cache_dir=cache_dir,
-        ))
-    except Exception as exc:  # hub errors have many types; the message is what matters
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise LaunchError(f"weights {spec['repo_id']}@{revision}: {first}") from None
+    args = {"repo_id": spec["repo_id"], "revision": revision,
+            "allow_patterns": spec["allow_patterns"], "cache_dir": cache_dir}
+    try:  # offline first: files already in the cache are used as they are
+        folder = Path(snapshot_download(**args, local_files_only=True))
+    except Exception:
+        if os.environ.get("HF_HUB_OFFLINE") == "1":
+            raise LaunchError(f"weights {spec['repo_id']}@{revision} are not in the hub "
+                              "cache and HF_HUB_OFFLINE=1") from None
+        try:
+            folder = Path(snapshot_download(**args))
+        except Exception as exc:  # hub errors have many types; the message is what matters
+            text = str(exc).strip()
+            first = text.splitlines()[0] if text else type(exc).__name__
+            raise LaunchError(f"weights {spec['repo_id']}@{revision}: {first}") from None
     for name, expected in sorted(spec.get("files", {}).items()):
         path = folder / name
         if not path.is_file():

@@ -1,0 +1,40 @@
+"""`frank serve STACK`: run the stack's engine on this host through the one launcher."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from frank.errors import FrankError
+from frank.lock import render_lock
+from frank.project import lock_stack
+
+
+@click.command()
+@click.argument("stack")
+@click.option("--print", "print_only", is_flag=True,
+              help="Show the engine command and environment; run nothing.")
+@click.option("--locked", is_flag=True, help="Refuse to run if the lock would change.")
+@click.option("--cache-dir", default=None, help="Hub cache for the weights.")
+@click.option("--ready-timeout", type=float, default=600.0, show_default=True)
+def serve(stack: str, print_only: bool, locked: bool, cache_dir: str | None,
+          ready_timeout: float) -> None:
+    """Fetch and verify the weights, then run the engine as the lock says."""
+    from frank import launch
+
+    result = lock_stack(stack)
+    if locked:
+        current = (result.lock_file.read_text(encoding="utf-8")
+                   if result.lock_file.is_file() else None)
+        if current != render_lock(result.lock):
+            raise FrankError("lock is missing or out of date (run `frank lock`)",
+                             file=result.lock_file, field="--locked")
+    lock = json.loads(render_lock(result.lock))
+    try:
+        code = launch.run(lock, print_only=print_only, cache_dir=cache_dir,
+                          ready_timeout=ready_timeout)
+    except launch.LaunchError as exc:
+        raise FrankError(str(exc), file=result.lock_file) from None
+    sys.exit(code)
