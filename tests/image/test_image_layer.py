@@ -92,3 +92,24 @@ def test_known_key_is_not_retarred(tmp_path: Path, store: BlobStore) -> None:
     assert built1 and not built2 and rec1 == rec2
     _, built3 = build_layer(store, layer, 8)
     assert built3, "another epoch is another tar"
+
+
+def test_unreadable_source_is_one_line(tmp_path: Path, store: BlobStore) -> None:
+    """A file that cannot be read mid-tar (here: a dangling path swapped in) is one line."""
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "f").write_text("x")
+    layer = LayerInput("part:x", KEY, ((d, "/opt"),))
+    real_open = Path.open
+
+    def vanish(self: Path, *a: object, **k: object) -> object:
+        if self.name == "f":
+            self.unlink()
+        return real_open(self, *a, **k)  # type: ignore[arg-type]
+
+    import unittest.mock
+
+    with unittest.mock.patch.object(Path, "open", vanish), pytest.raises(FrankError) as exc:
+        build_layer(store, layer, 1)
+    assert "cannot read its files" in exc.value.one_line()
+    assert list(store.blob_dir.iterdir()) == [] and store.get_layer(KEY) is None

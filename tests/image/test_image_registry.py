@@ -49,6 +49,10 @@ def test_push_cli_and_inspect_cli(registry: str, built: tuple[Path, str]) -> Non
     assert r.exit_code == 0, r.output
     assert r.output.splitlines()[0] == f"{registry}/frank/cli@{digest}"
     assert f"{registry}/frank/cli:demo" in r.output
+    lock_tag = "lock-" + "".join(read_image(layout).annotations["dev.frank.lock.digest"]
+                                 .split(":")[1:])
+    assert f"{registry}/frank/cli:{lock_tag}" in r.output
+    assert read_image(f"{registry}/frank/cli:{lock_tag}").digest == digest
     r = runner.invoke(cli, ["inspect", f"{registry}/frank/cli:demo", "--json"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["digest"] == digest

@@ -206,8 +206,12 @@ def build_layer(store: BlobStore, layer: LayerInput, epoch: int) -> tuple[LayerR
         return rec, False
     store.stats.layer_misses += 1
     members = collect(layer.entries)
-    with store.writer() as w:
-        write_tar(members, epoch, w)  # type: ignore[arg-type]
+    try:
+        with store.writer() as w:
+            write_tar(members, epoch, w)  # type: ignore[arg-type]
+    except OSError as exc:  # a source vanished, shrank or is unreadable mid-tar
+        raise FrankError(f"layer {layer.name}: cannot read its files: {exc.strerror or exc}",
+                         file=exc.filename) from None
     rec = LayerRecord(digest=w.digest, diff_id=w.digest, size=w.size, media_type=LAYER_MEDIA_TYPE)
     store.put_layer(key, rec)
     return rec, True

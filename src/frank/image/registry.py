@@ -230,13 +230,39 @@ def inspect_remote(ref: str) -> ImageInfo:
     if "@" in ref and ref.rsplit("@", 1)[1] != digest:
         raise FrankError(f"registry returned a manifest with digest {digest} for {ref}")
     manifest = _json(raw, f"manifest of {ref}")
-    if "layers" not in manifest:
-        raise FrankError(f"{ref} is an image index, not an image; name a platform image by "
-                         "digest")
+    if "layers" not in manifest:  # an index: show this platform's image
+        digest = _platform_instance(repository_of(ref), digest)
+        raw = _inspect_raw(f"{repository_of(ref)}@{digest}")
+        if sha256_bytes(raw) != digest:
+            raise FrankError(f"registry returned other content for {digest}")
+        manifest = _json(raw, f"manifest of {ref}")
     craw = _inspect_raw(f"{repository_of(ref)}@{digest}", config=True)
     if sha256_bytes(craw) != manifest["config"]["digest"]:
         raise FrankError(f"config of {ref} does not match the manifest's config digest")
     return image_info(ref, digest, manifest, _json(craw, f"config of {ref}"))
+
+
+LOCK_DIGEST_KEY = "dev.frank.lock.digest"
+
+
+def tag_for_stack(stack: str) -> str:
+    """A stack name (or stack file path) made into a valid tag."""
+    tag = re.sub(r"[^A-Za-z0-9_.-]", "-", Path(stack).stem or stack).lstrip(".-") or "stack"
+    return tag[:128]
+
+
+def default_tags(layout: Path, stack: str) -> list[str]:
+    """The tags a push adds: the stack name, and ``lock-<hex>`` when the image names its lock.
+
+    The lock digest comes from the manifest annotation (or config label)
+    ``dev.frank.lock.digest`` that compose writes.
+    """
+    info = read_layout(Path(layout), verify_layers=False)
+    tags = [tag_for_stack(stack)]
+    lock = info.annotations.get(LOCK_DIGEST_KEY) or info.labels.get(LOCK_DIGEST_KEY)
+    if lock and DIGEST_RE.match(lock):
+        tags.append("lock-" + lock.split(":", 1)[1])
+    return tags
 
 
 def pull_layout(repository: str, digest: str, out_layout: Path) -> str:
