@@ -7,6 +7,9 @@ On CI machines without a daemon, Debian's buildah and podman build rootless-styl
 ``--isolation chroot --storage-driver vfs``: no overlayfs, no user namespaces, RUN steps
 work. Engine storage lives under the frank cache, apart from the system's image store.
 
+The docker path (skopeo moves the base in and the result out of the daemon) is written
+but untested: no CI machine here runs a Docker daemon.
+
 Every build gets ``SOURCE_DATE_EPOCH`` (as ``--timestamp`` and as a build arg) and the pinned
 base as build args (``BASE_IMAGE``, a storage reference by digest, and ``BASE_DIGEST``);
 layers are exported uncompressed (see ``frank.image.layer`` on why not gzip).
@@ -123,16 +126,27 @@ def _oci_ref(layout: Path) -> Iterator[str]:
         shutil.rmtree(d, ignore_errors=True)
 
 
+def _skopeo() -> str:
+    exe = shutil.which("skopeo")
+    if exe is None:
+        raise FrankError("building with docker needs skopeo to move images in and out of "
+                         "the daemon; apt-get install skopeo")
+    return exe
+
+
 def load_base(engine: Engine, layout: Path, digest: str) -> str:
     """Put the pinned base into the engine's storage; return a reference to it by digest."""
     check_digest(digest, field="base_digest")
     got, _, _ = resolve_manifest(layout, digest)
     if got != digest:
         raise FrankError(f"base layout holds {got}, not the pinned {digest}", file=layout)
-    if engine.name == "docker":
-        raise FrankError("loading an OCI layout base into docker is not supported yet; "
-                         "use --builder buildah or podman", field="--builder")
     name = f"localhost/frank-base-{digest.split(':')[1][:16]}"
+    if engine.name == "docker":
+        # the daemon keeps no digest for a loaded image; the tag is derived from the digest
+        with _oci_ref(layout) as ref:
+            _run([_skopeo(), "copy", "--quiet", ref, f"docker-daemon:{name}:latest"],
+                 "loading the base into docker")
+        return f"{name}:latest"
     with _oci_ref(layout) as ref:
         proc = _run([*engine.base_args(), "pull", "--quiet", ref],
                     f"{engine.name} pull of the base image")
@@ -171,9 +185,12 @@ def build_dockerfile(
     args = {"SOURCE_DATE_EPOCH": str(source_date_epoch), "BASE_IMAGE": base_ref,
             "BASE_DIGEST": base_digest, **(build_args or {})}
     tag = f"localhost/frank-build-{uuid.uuid4().hex[:12]}"
-    cmd = [*engine.base_args(), "bud" if engine.name == "buildah" else "build",
-           "--isolation", "chroot", "--timestamp", str(source_date_epoch), "--pull=false",
-           "-f", str(dockerfile), "-t", tag]
+    if engine.name == "docker":  # BuildKit takes the epoch from the SOURCE_DATE_EPOCH arg
+        cmd = [*engine.base_args(), "build", "--pull=false", "-f", str(dockerfile), "-t", tag]
+    else:
+        cmd = [*engine.base_args(), "bud" if engine.name == "buildah" else "build",
+               "--isolation", "chroot", "--timestamp", str(source_date_epoch), "--pull=false",
+               "-f", str(dockerfile), "-t", tag]
     for k in sorted(args):
         cmd += ["--build-arg", f"{k}={args[k]}"]
     _run([*cmd, str(context)], f"{engine.name} build of {context}", timeout=timeout)
@@ -184,6 +201,9 @@ def build_dockerfile(
         if engine.name == "buildah":
             _run([*engine.base_args(), "push", "--quiet", "--disable-compression", tag,
                   f"oci:{tmp}"], "buildah push to an OCI layout")
+        elif engine.name == "docker":
+            _run([_skopeo(), "copy", "--quiet", f"docker-daemon:{tag}:latest", f"oci:{tmp}"],
+                 "export from docker to an OCI layout")
         else:
             shutil.rmtree(tmp)
             _run([*engine.base_args(), "save", "--format", "oci-dir", "--uncompressed",
