@@ -227,7 +227,7 @@ def _base_from_store_or_layout(spec: ImageSpec, store: BlobStore) -> tuple[bytes
 
 
 def build_image(spec: ImageSpec, store: BlobStore, out_layout: Path, *,
-                ref_name: str | None = None, quiet: bool = True) -> str:
+                ref_name: str | None = None, quiet: bool = False) -> str:
     """Build ``spec`` into an OCI layout at ``out_layout``; return the manifest digest.
 
     Layers whose key the store's index knows are reused without re-tarring; everything
