@@ -57,14 +57,16 @@ static_assert(Plan<512>::kCache == 22928, "cache size changed");
 // Small per-block state.  `list` holds the chunk offsets of the entries that
 // are at or above the cutoff bucket (found by the first refine pass), so later
 // passes and the gather touch ~100 entries instead of the whole chunk.
-constexpr int kListCap = 328;
+constexpr int kListCap = 320;
 struct Misc {
   unsigned int counter;   // block 0's: next free candidate slot (cluster-wide)
   unsigned int digit;     // result of the current pass
   unsigned int above;
   unsigned int cnt;
   unsigned int nlist;     // entries appended to list (may exceed kListCap)
-  unsigned int pad[3];
+  unsigned int nloc;      // this block's selected entries (may exceed kLocalCap)
+  unsigned int pad[2];
+  unsigned int nq[kCluster];  // every block's nloc
   unsigned int warp_sums[32];
   unsigned int list[kListCap];
 };
@@ -153,6 +155,12 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
   unsigned int* hist0 = reinterpret_cast<unsigned int*>(smem + P::kCache * 4);
   unsigned long long* cand = reinterpret_cast<unsigned long long*>(smem + P::kCache * 4);
   Misc* misc = reinterpret_cast<Misc*>(smem + P::kCache * 4 + P::kAuxBytes);
+#ifdef RS8_EXTRA_SYNCS
+  for (int x = 0; x < RS8_EXTRA_SYNCS; ++x) cg::this_cluster().sync();  // timing variant
+#endif
+#ifdef RS8_EXTRA_BARS
+  for (int x = 0; x < RS8_EXTRA_BARS; ++x) __syncthreads();  // timing variant
+#endif
 
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank());
@@ -197,6 +205,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
   if (tid == 0) {
     misc->counter = 0;
     misc->nlist = 0;
+    misc->nloc = 0;
   }
   __syncthreads();
 
@@ -204,16 +213,19 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
   if (vec) {
     const float4* src = reinterpret_cast<const float4*>(chunk);
     const int nv = n >> 2;
-    int v = tid;
-    for (; v + 3 * kThreads < nv; v += 4 * kThreads) {
-      float4 q[4];
+    // Every thread issues all its loads of a round before using any, so the
+    // whole cached chunk is in flight at once (one DRAM round trip, not six).
+    constexpr int kU = 6;
+    for (int v = tid; v < nv; v += kU * kThreads) {
+      float4 q[kU];
 #pragma unroll
-      for (int u = 0; u < 4; ++u) q[u] = __ldg(src + v + u * kThreads);
+      for (int u = 0; u < kU; ++u)
+        if (v + u * kThreads < nv) q[u] = __ldg(src + v + u * kThreads);
 #pragma unroll
-      for (int u = 0; u < 4; ++u) store_and_count(q[u], (v + u * kThreads) * 4, cache, hA,
-                                                  P::kCache);
+      for (int u = 0; u < kU; ++u)
+        if (v + u * kThreads < nv)
+          store_and_count(q[u], (v + u * kThreads) * 4, cache, hA, P::kCache);
     }
-    for (; v < nv; v += kThreads) store_and_count(__ldg(src + v), v * 4, cache, hA, P::kCache);
     for (int i = nv * 4 + tid; i < n; i += kThreads) {
       const unsigned int k = to_key(__float_as_uint(load_f(chunk + i)));
       if (i < P::kCache) cache[i] = k;
@@ -388,17 +400,92 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
     }
   }
   if (phase != 2) plo = 0;  // key-decided cutoff: every position of [lo, hi] in
-
-  // Every block has finished reading every histogram before aux is reused.
-  cluster.sync();
-
 #if defined(RS8_STAGE) && RS8_STAGE == 2
+  cluster.sync();
   return;  // timing variant: through the radix passes
 #endif
+
+  // ---- local gather + sort: this block's selected entries, descending -----
+  // U and S live in hB, which no other block reads any more.
+  constexpr int kLocalCap = kBins / 4;  // 256 composites each for U and S
+  unsigned long long* U = reinterpret_cast<unsigned long long*>(hB);
+  unsigned long long* S = U + kLocalCap;
+  const int m = use_list ? static_cast<int>(misc->nlist) : n;
+  for (int j = tid; j < m; j += kThreads) {
+    const int i = use_list ? static_cast<int>(misc->list[j]) : j;
+    const unsigned int k = key_at(i, ncache, cache, chunk, stride1);
+    const unsigned int inv = posmax - static_cast<unsigned int>(start + i);
+    if ((k > hi) || (k >= lo && inv >= plo)) {
+      const unsigned int e = atomicAdd(&misc->nloc, 1u);
+      if (e < static_cast<unsigned int>(kLocalCap))
+        U[e] = (static_cast<unsigned long long>(k) << 32) |
+               static_cast<unsigned long long>(0xffffffffu - static_cast<unsigned int>(start + i));
+    }
+  }
+  __syncthreads();
+  const unsigned int nloc = misc->nloc;
+  if (nloc <= static_cast<unsigned int>(kLocalCap)) {
+    // Rank sort, 4 threads per entry: S[#greater] = U[e].
+    const unsigned int e = tid >> 2;
+    const unsigned int g4 = tid & 3;
+    const unsigned long long me = (e < nloc) ? U[e] : 0ull;
+    unsigned int gt = 0;
+    for (unsigned int j = g4; j < nloc; j += 4) gt += (U[j] > me) ? 1u : 0u;
+    gt += __shfl_xor_sync(0xffffffffu, gt, 1);
+    gt += __shfl_xor_sync(0xffffffffu, gt, 2);
+    if (g4 == 0 && e < nloc) S[gt] = me;
+  }
+
+  // Every block's sorted list and count are ready; every histogram read is done.
+  cluster.sync();
+  if (tid < kCluster) misc->nq[tid] = *cluster.map_shared_rank(&misc->nloc, tid);
+  __syncthreads();
+  bool fits = true;
+#pragma unroll
+  for (int q = 0; q < kCluster; ++q) fits = fits && misc->nq[q] <= static_cast<unsigned int>(kLocalCap);
+
+#if defined(RS8_STAGE) && RS8_STAGE == 3
+  cluster.sync();
+  return;  // timing variant: through the local gather and sort
+#endif
+  if (fits) {
+    // Rank of entry e = sum over blocks q of #(S_q > S[e]): 8 lanes per entry,
+    // lane q binary-searches block q's sorted list through DSMEM.
+    const int q = tid & 7;
+    const unsigned int nqq = misc->nq[q];
+    const unsigned long long* Sq = cluster.map_shared_rank(S, q);
+    for (unsigned int base = 0; base < nloc * 8; base += kThreads) {
+      const unsigned int e = (base + tid) >> 3;
+      unsigned int cnt_gt = 0;
+      unsigned long long me = 0;
+      if (e < nloc) {
+        me = S[e];
+        if (q == rank) {
+          cnt_gt = e;
+        } else {
+          unsigned int a = 0, b = nqq;
+          while (a < b) {
+            const unsigned int mid = (a + b) >> 1;
+            if (Sq[mid] > me) a = mid + 1; else b = mid;
+          }
+          cnt_gt = a;
+        }
+      }
+      cnt_gt += __shfl_xor_sync(0xffffffffu, cnt_gt, 1);
+      cnt_gt += __shfl_xor_sync(0xffffffffu, cnt_gt, 2);
+      cnt_gt += __shfl_xor_sync(0xffffffffu, cnt_gt, 4);
+      if (q == 0 && e < nloc && cnt_gt < static_cast<unsigned int>(K))
+        out[cnt_gt] = static_cast<int>(0xffffffffu - static_cast<unsigned int>(me));
+    }
+    cluster.sync();  // keep S alive until every block has finished searching
+    return;
+  }
+  // A block selected more than kLocalCap entries (skewed rows): broadcast
+  // every candidate to every block instead and rank there.
+
   // ---- gather: exactly K selected entries, broadcast to all 8 blocks --------
   unsigned int* counter0 = cluster.map_shared_rank(&misc->counter, 0);
   const unsigned int lt_mask = (1u << lane) - 1u;
-  const int m = use_list ? static_cast<int>(misc->nlist) : n;
   for (int base = 0; base < m; base += kThreads) {
     const int j = base + tid;
     bool sel = false;
@@ -432,9 +519,6 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
   // All candidates have landed in every block.
   cluster.sync();
 
-#if defined(RS8_STAGE) && RS8_STAGE == 3
-  return;  // timing variant: through the gather
-#endif
   // ---- rank: candidate s goes to slot (number of candidates above it) ------
   // Block r ranks candidates [r*kCap/8, (r+1)*kCap/8); kGroup threads share one.
   constexpr int kPerBlock = kCap / kCluster;
