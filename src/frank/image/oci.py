@@ -260,7 +260,10 @@ def build_image(spec: ImageSpec, store: BlobStore, out_layout: Path, *,
     if len(diff_ids) != len(layer_descs):
         raise FrankError("corrupt OCI layout: base config diff_ids do not match its layers",
                          file=mpath / cfg_digest.split(":")[1])
-    history = list(base_config.get("history", []))
+    history = list(base_config.get("history") or [])
+    nonempty = sum(1 for h in history if not (isinstance(h, dict) and h.get("empty_layer")))
+    if nonempty != len(diff_ids):  # keep history aligned with layers (inspect relies on it)
+        history += [{"created_by": "base layer"}] * max(0, len(diff_ids) - nonempty)
     for layer in spec.layers:
         with console.status(f"layer {layer.name}"):
             rec, _ = build_layer(store, layer, epoch)
