@@ -304,3 +304,19 @@ def test_noop_keeps_a_current_output_and_repairs_a_touched_one(
     blob.unlink()
     build_image(spec, store, out)
     assert _tree_bytes(out) == good
+
+
+def test_concurrent_builds_into_one_output(tmp_path: Path, mini_base: BaseImage) -> None:
+    """Three processes, one cache, one output: all agree and the output is whole."""
+    repo = Path(__file__).parents[2]
+    procs = [subprocess.Popen(
+        [sys.executable, "-c", _SUBPROCESS_BUILD, str(repo), str(mini_base.layout),
+         mini_base.digest, str(tmp_path / f"src{i}"), str(tmp_path / "cache"),
+         str(tmp_path / "out")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(3)]
+    results = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [e for _, e in results]
+    digests = {o.strip() for o, _ in results}
+    assert len(digests) == 1
+    assert read_layout(tmp_path / "out").digest == digests.pop()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]

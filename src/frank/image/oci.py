@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import fcntl
 import json
 import os
 import platform
@@ -331,8 +332,15 @@ def write_layout(store: BlobStore, out: Path, index_raw: bytes, blobs: list[str]
     wanted = list(dict.fromkeys(blobs))
     sources = {d: store.verified_path(d) for d in wanted}
     record = _output_record_path(store, out)
-    if _output_is_current(out, index_raw, wanted, record):
-        return
+    with record.with_suffix(".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two builds into one output take turns
+        if not _output_is_current(out, index_raw, wanted, record):
+            _write_layout_locked(store, out, index_raw, sources, record, epoch)
+
+
+def _write_layout_locked(store: BlobStore, out: Path, index_raw: bytes,
+                         sources: dict[str, Path], record: Path, epoch: int) -> None:
+    wanted = list(sources)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
