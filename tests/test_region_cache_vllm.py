@@ -93,7 +93,7 @@ def test_plugin_loaded_and_chat_hits(vllm_server: VllmServer) -> None:
     # the long first region was tokenized at most once and hit on every later request
     assert after["hits"] - before["hits"] >= 3 * 3  # BOS + system + turn separators
     assert after["hit_tokens"] - before["hit_tokens"] > 3 * 1000
-    assert after["verify_mismatches"] == 0 and after["fallbacks"] == 0
+    assert after["fallbacks"] == 0 and not after["verify"]
     assert after["bytes_held"] <= after["max_bytes"]
     metrics = vllm_server.request("/metrics")
     m = re.search(r"^frank_region_cache_hits_total ([0-9.]+)$", metrics, re.M)
@@ -101,14 +101,18 @@ def test_plugin_loaded_and_chat_hits(vllm_server: VllmServer) -> None:
 
 
 def test_ids_equal_uncached(vllm_server: VllmServer, reference: list[list[int]]) -> None:
-    """/tokenize through the cache (twice: misses, then hits) == the HF tokenizer's own ids,
-    and vLLM's own path agreed on every request (verify mode counted no mismatch)."""
+    """/tokenize through the cache (twice: misses, then hits) == the HF tokenizer's own ids.
+    (The no-plugin test below shows vLLM's own path gives these same reference ids.)"""
+    before = vllm_server.stats()
+    assert before is not None
     first = _server_ids(vllm_server)
     second = _server_ids(vllm_server)
     assert first == reference
     assert second == reference
-    stats = vllm_server.stats()
-    assert stats is not None and stats["verify_mismatches"] == 0 and stats["hits"] > 0
+    after = vllm_server.stats()
+    assert after is not None and after["fallbacks"] == 0
+    assert after["requests"] - before["requests"] == 2 * len(reference)
+    assert after["hits"] > before["hits"]
 
 
 def test_without_plugin_hook_not_loaded_and_same_ids(
