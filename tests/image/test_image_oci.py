@@ -320,3 +320,22 @@ def test_concurrent_builds_into_one_output(tmp_path: Path, mini_base: BaseImage)
     assert len(digests) == 1
     assert read_layout(tmp_path / "out").digest == digests.pop()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
+
+
+@pytest.mark.skipif(shutil.which("umoci") is None, reason="umoci missing")
+def test_umoci_unpacks_the_layout(tmp_path: Path, mini_base: BaseImage,
+                                  store: BlobStore) -> None:
+    """An independent OCI implementation reads our layout and finds the files we put in."""
+    src = make_sources(tmp_path / "src")
+    build_image(make_spec(mini_base, src), store, tmp_path / "out", ref_name="demo")
+    subprocess.run(["umoci", "unpack", "--image", f"{tmp_path / 'out'}:demo",
+                    str(tmp_path / "bundle")], check=True, capture_output=True)
+    rootfs = tmp_path / "bundle" / "rootfs"
+    assert (rootfs / "etc" / "frank" / "frank.lock").read_text() == src["lock"].read_text()
+    assert (rootfs / "etc" / "os-release").read_text() == "ID=frank-mini\n"
+    pkg = rootfs / "opt" / "frank" / "plugins" / "region_cache"
+    assert (pkg / "__init__.py").stat().st_mode & 0o777 == 0o644
+    assert not (pkg / "__pycache__").exists()
+    config = json.loads((tmp_path / "bundle" / "config.json").read_text())
+    assert config["process"]["args"] == ["/bin/sh", "-c", "cat /etc/frank/frank.lock"]
+    assert "FRANK_STACK=demo" in config["process"]["env"]
