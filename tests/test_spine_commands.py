@@ -9,7 +9,7 @@ from tests.spine_helpers import frank, snapshot
 
 
 def test_compose_writes_plan_and_complete_context(repo: Path) -> None:
-    result = frank("compose", "stacks/candidate.toml", "--json", cwd=repo)
+    result = frank("compose", "stacks/candidate.toml", "--builder", "none", "--json", cwd=repo)
     assert result.code == 0, result.err
     summary = json.loads(result.out)
     out = Path(summary["out"])
@@ -38,11 +38,12 @@ def test_compose_locked_refuses_a_stale_lock(repo: Path) -> None:
     assert frank("lock", cwd=repo).code == 0
     (repo / "kernels/rs8/NEW.txt").write_text("x\n")
     before = snapshot(repo)
-    result = frank("compose", "stacks/candidate.toml", "--locked", cwd=repo)
+    result = frank("compose", "stacks/candidate.toml", "--locked", "--builder", "none", cwd=repo)
     assert result.code == 2 and "candidate.lock: --locked: lock is missing or out of date" \
         in result.err
     assert snapshot(repo) == before
-    assert frank("compose", "stacks/served.toml", "--locked", cwd=repo).code == 0
+    assert frank("compose", "stacks/served.toml", "--locked", "--builder", "none",
+                 cwd=repo).code == 0
 
 
 def test_diff_names_parts_fields_and_layers(repo: Path) -> None:
