@@ -12,12 +12,18 @@ from frank.errors import FrankError
 @click.command()
 @click.argument("stack")
 @click.option("--to", "to", required=True, metavar="HOST/REPO", help="Repository to push to.")
-@click.option("--layout", "layout", type=click.Path(path_type=Path), required=True,
-              help="OCI layout of the composed image (compose's output directory).")
+@click.option("--layout", "layout", type=click.Path(path_type=Path), default=None,
+              help="OCI layout of the composed image (default: out/<stack>/image).")
 @click.option("--tag", "tags", multiple=True, help="Extra tag (repeatable).")
-def push(stack: str, to: str, layout: Path, tags: tuple[str, ...]) -> None:
+def push(stack: str, to: str, layout: Path | None, tags: tuple[str, ...]) -> None:
     """Push STACK's image to HOST/REPO by digest, then tag it: stack name, lock-<digest>."""
     from frank.image.registry import default_tags, push_layout
+
+    if layout is None:
+        from frank.project import repo_root_for, stack_path
+
+        root = repo_root_for()
+        layout = root / "out" / stack_path(stack, root).stem / "image"
 
     if not layout.is_dir():
         raise FrankError("no composed image here; run frank compose first", file=layout)
