@@ -53,6 +53,16 @@ fi
 wait
 tail -3 "$OUT/vllm_build.log" 2>/dev/null
 if [[ -f "$vb" && ! -f .rs8_vllm_src/prebuilt/rs8vb.so ]]; then cp "$vb" "$OUT/rs8vb.so"; fi
+if [[ " $STEPS " == *" ncu "* ]]; then
+  timeout 120 ncu --clock-control none -k regex:topk_decode -c 1 --section SpeedOfLight \
+    --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+    python3 -c "
+import sys, torch; sys.path.insert(0, 'kernels/rs8/python'); import rs8_op
+x = torch.randn(6, 150000, device='cuda'); seq = torch.full((6, 1), 150000, dtype=torch.int32, device='cuda')
+out = torch.empty((6, 512), dtype=torch.int32, device='cuda'); rs8_op.launch(x, 1, seq, out, 6, 150000, 1, 512)
+torch.cuda.synchronize()" >"$OUT/ncu.txt" 2>&1
+  grep -E "Duration|Warp Cycles|Stall|Issued|Throughput|Eligible|Active Warps" "$OUT/ncu.txt" | head -40
+fi
 if [[ " $STEPS " == *" bench "* ]]; then
   timeout 400 python3 bench/rs8_bench.py --vllm-lib "$vb" --out "$OUT/bench.md" \
     --json "$OUT/bench.json" "${variant_args[@]}" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"

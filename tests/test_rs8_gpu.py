@@ -86,24 +86,37 @@ def per_row(lengths: list[int]) -> torch.Tensor:
 
 
 def edge_lengths(k: int, gen: torch.Generator) -> list[int]:
+    """Lengths at every boundary: k, the block cache and the cache of 8, 4 and 2 blocks."""
     cache = rs8_op.cache_keys(k)
-    cluster = 8 * cache
     fixed = [1, 2, k - 1, k, k + 1, k + 2, 1000, 4097, cache - 1, cache, cache + 1]
-    fixed += [cluster - 1, cluster, cluster + 1, cluster + 4, cluster + 5, cluster + 33]
+    for blocks in (2, 4, 8):
+        edge = blocks * cache
+        fixed += [edge - 1, edge, edge + 1, edge + 4, edge + 5]
     fixed += [200_000, 262_144, 300_000]
-    rand = torch.randint(1, 300_001, (12,), generator=gen).tolist()
+    rand = torch.randint(1, 300_001, (10,), generator=gen).tolist()
     return fixed + rand
 
 
 @pytest.mark.parametrize("k", [512, 1024, 2048])
 def test_random_rows_all_lengths(k: int) -> None:
+    """Six rows per call (8-block clusters), then all rows and 4x that in one call.
+
+    Many rows make the kernel use 4- or 2-block clusters (one wave), so every
+    cluster size and its tail path is checked.
+    """
     gen = torch.Generator().manual_seed(k)
     lengths = edge_lengths(k, gen)
     width = 300_004
     logits = torch.randn(len(lengths), width, generator=gen)
     logits[1::3] = torch.relu(logits[1::3])  # ReLU-like rows: many exact-zero ties
     logits[2::5] = torch.round(logits[2::5] * 4) / 4  # coarse values: ties at the cutoff
-    assert mismatched_rows(logits.cuda(), 1, per_row(lengths), k) == []
+    dev = logits.cuda()
+    for lo in range(0, len(lengths), 6):
+        part = lengths[lo : lo + 6]
+        assert mismatched_rows(dev[lo : lo + 6], 1, per_row(part), k) == [], lo
+    assert mismatched_rows(dev, 1, per_row(lengths), k) == []
+    many = dev.repeat(4, 1)
+    assert mismatched_rows(many, 1, per_row(lengths * 4), k) == []
 
 
 def adversarial(n: int, gen: torch.Generator) -> torch.Tensor:

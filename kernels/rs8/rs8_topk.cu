@@ -33,7 +33,7 @@ namespace rs8 {
 // live in one process without sharing template statics (GNU unique symbols).
 namespace {
 
-constexpr int kCluster = 8;       // blocks per row
+constexpr int kCluster = 8;       // blocks per row (fewer when many rows; see launch)
 constexpr int kThreads = 1024;    // threads per block
 constexpr int kDigitBits = 10;    // radix digit width
 constexpr int kBins = 1 << kDigitBits;
@@ -144,8 +144,8 @@ __device__ __forceinline__ unsigned int warp_suffix_incl(unsigned int x, int lan
   return x;
 }
 
-template <int K>
-__global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
+template <int K, int CL>
+__global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(kThreads, 1)
     topk_decode_kernel(const float* __restrict__ logits, long long stride0, long long stride1,
                        long long ncols, const int* __restrict__ seq_lens, int seq_2d, int next_n,
                        int* __restrict__ indices) {
@@ -164,7 +164,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
 
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank());
-  const int row = blockIdx.x / kCluster;
+  const int row = blockIdx.x / CL;
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
@@ -180,7 +180,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
   if (L > ncols) L = ncols;
   int* out = indices + static_cast<long long>(row) * K;
 
-  constexpr int kShare = K / kCluster;
+  constexpr int kShare = K / CL;
   constexpr int kCap = P::kAuxBytes / 8;  // candidate slots in aux
   if (L <= K) {
     // Short row: 0..L-1 then -1.  No DSMEM, so blocks may leave independently.
@@ -190,7 +190,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
   }
 
   const int Li = static_cast<int>(L);
-  const int cs = (((Li + kCluster - 1) / kCluster) + 3) & ~3;  // chunk, multiple of 4
+  const int cs = (((Li + CL - 1) / CL) + 3) & ~3;  // chunk, multiple of 4
   const int start = rank * cs;
   int n = Li - start;
   n = n < 0 ? 0 : (n > cs ? cs : n);
@@ -326,13 +326,13 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
     // transactions than one bin per thread) into this block's idle buffer hB:
     // nobody reads hB remotely any more (every block passed the barrier above).
     if (tid < kBins / 4) {
-      uint4 parts[kCluster];
+      uint4 parts[CL];
 #pragma unroll
-      for (int q = 0; q < kCluster; ++q)
+      for (int q = 0; q < CL; ++q)
         parts[q] = reinterpret_cast<const uint4*>(cluster.map_shared_rank(hA, q))[tid];
       uint4 sum = parts[0];
 #pragma unroll
-      for (int q = 1; q < kCluster; ++q) {
+      for (int q = 1; q < CL; ++q) {
         sum.x += parts[q].x;
         sum.y += parts[q].y;
         sum.z += parts[q].z;
@@ -406,10 +406,14 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
 #endif
 
   // ---- local gather + sort: this block's selected entries, descending -----
-  // U and S live in hB, which no other block reads any more.
-  constexpr int kLocalCap = kBins / 4;  // 256 composites each for U and S
-  unsigned long long* U = reinterpret_cast<unsigned long long*>(hB);
-  unsigned long long* S = U + kLocalCap;
+  // U lives in hA, which after the final swap is the buffer no other block
+  // reads; the sorted list S goes to the end of the (now free) key cache.
+  constexpr int kLocalCap = kBins / 2;  // 512 composites
+  unsigned long long* U = reinterpret_cast<unsigned long long*>(hA);
+  unsigned long long* S = reinterpret_cast<unsigned long long*>(cache) +
+                          (P::kCache / 2 - kLocalCap);
+  unsigned long long* pulled = reinterpret_cast<unsigned long long*>(cache);
+  static_assert(P::kCache / 2 - kLocalCap >= P::kAuxBytes / 8, "pull area overlaps S");
   const int m = use_list ? static_cast<int>(misc->nlist) : n;
   for (int j = tid; j < m; j += kThreads) {
     const int i = use_list ? static_cast<int>(misc->list[j]) : j;
@@ -422,40 +426,71 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
                static_cast<unsigned long long>(0xffffffffu - static_cast<unsigned int>(start + i));
     }
   }
-  __syncthreads();
+  __syncthreads();  // U complete, and nobody reads the cache any more
   const unsigned int nloc = misc->nloc;
   if (nloc <= static_cast<unsigned int>(kLocalCap)) {
-    // Rank sort, 4 threads per entry: S[#greater] = U[e].
-    const unsigned int e = tid >> 2;
-    const unsigned int g4 = tid & 3;
+    // Rank sort, 2 threads per entry: S[#greater] = U[e].
+    const unsigned int e = tid >> 1;
+    const unsigned int g2 = tid & 1;
     const unsigned long long me = (e < nloc) ? U[e] : 0ull;
     unsigned int gt = 0;
-    for (unsigned int j = g4; j < nloc; j += 4) gt += (U[j] > me) ? 1u : 0u;
+    for (unsigned int j = g2; j < nloc; j += 2) gt += (U[j] > me) ? 1u : 0u;
     gt += __shfl_xor_sync(0xffffffffu, gt, 1);
-    gt += __shfl_xor_sync(0xffffffffu, gt, 2);
-    if (g4 == 0 && e < nloc) S[gt] = me;
+    if (g2 == 0 && e < nloc) S[gt] = me;
   }
 
   // Every block's sorted list and count are ready; every histogram read is done.
   cluster.sync();
-  if (tid < kCluster) misc->nq[tid] = *cluster.map_shared_rank(&misc->nloc, tid);
+  if (tid < CL) misc->nq[tid] = *cluster.map_shared_rank(&misc->nloc, tid);
   __syncthreads();
   bool fits = true;
+  unsigned int total = 0;
 #pragma unroll
-  for (int q = 0; q < kCluster; ++q) fits = fits && misc->nq[q] <= static_cast<unsigned int>(kLocalCap);
+  for (int q = 0; q < CL; ++q) {
+    fits = fits && misc->nq[q] <= static_cast<unsigned int>(kLocalCap);
+    total += misc->nq[q];
+  }
+  fits = fits && total <= static_cast<unsigned int>(P::kAuxBytes / 8);
 
 #if defined(RS8_STAGE) && RS8_STAGE == 3
   cluster.sync();
   return;  // timing variant: through the local gather and sort
 #endif
   if (fits) {
-    // Rank of entry e = sum over blocks q of #(S_q > S[e]): 8 lanes per entry,
-    // lane q binary-searches block q's sorted list through DSMEM.
-    const int q = tid & 7;
-    const unsigned int nqq = misc->nq[q];
-    const unsigned long long* Sq = cluster.map_shared_rank(S, q);
-    for (unsigned int base = 0; base < nloc * 8; base += kThreads) {
-      const unsigned int e = (base + tid) >> 3;
+    // Pull every block's sorted list into this block (one round of DSMEM
+    // loads), then rank locally: rank(e) = sum over q of #(list_q > S[e]).
+    unsigned int pre[CL + 1];  // prefix sums of nq (compile-time indices only)
+    pre[0] = 0;
+#pragma unroll
+    for (int q = 0; q < CL; ++q) pre[q + 1] = pre[q] + misc->nq[q];
+    for (unsigned int t = tid; t < total; t += kThreads) {
+      int q = 0;
+      unsigned int base_q = 0;
+#pragma unroll
+      for (int r = 1; r < CL; ++r) {
+        if (t >= pre[r]) {
+          q = r;
+          base_q = pre[r];
+        }
+      }
+      pulled[t] = cluster.map_shared_rank(S, q)[t - base_q];
+    }
+    // Done reading other blocks: arrive now, wait only before exiting.
+    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+    __syncthreads();
+    const int q = tid % CL;
+    unsigned int pq_lo = 0, pq_hi = 0;
+#pragma unroll
+    for (int r = 0; r < CL; ++r) {
+      if (r == q) {
+        pq_lo = pre[r];
+        pq_hi = pre[r + 1];
+      }
+    }
+    const unsigned long long* Pq = pulled + pq_lo;
+    const unsigned int nqq = pq_hi - pq_lo;
+    for (unsigned int base = 0; base < nloc * CL; base += kThreads) {
+      const unsigned int e = (base + tid) / CL;
       unsigned int cnt_gt = 0;
       unsigned long long me = 0;
       if (e < nloc) {
@@ -466,18 +501,18 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
           unsigned int a = 0, b = nqq;
           while (a < b) {
             const unsigned int mid = (a + b) >> 1;
-            if (Sq[mid] > me) a = mid + 1; else b = mid;
+            if (Pq[mid] > me) a = mid + 1; else b = mid;
           }
           cnt_gt = a;
         }
       }
-      cnt_gt += __shfl_xor_sync(0xffffffffu, cnt_gt, 1);
-      cnt_gt += __shfl_xor_sync(0xffffffffu, cnt_gt, 2);
-      cnt_gt += __shfl_xor_sync(0xffffffffu, cnt_gt, 4);
+#pragma unroll
+      for (int off = 1; off < CL; off <<= 1) cnt_gt += __shfl_xor_sync(0xffffffffu, cnt_gt, off);
       if (q == 0 && e < nloc && cnt_gt < static_cast<unsigned int>(K))
         out[cnt_gt] = static_cast<int>(0xffffffffu - static_cast<unsigned int>(me));
     }
-    cluster.sync();  // keep S alive until every block has finished searching
+    // Keep S alive until every block has pulled it.
+    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
     return;
   }
   // A block selected more than kLocalCap entries (skewed rows): broadcast
@@ -493,7 +528,9 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
     int i = 0;
     if (j < m) {
       i = use_list ? static_cast<int>(misc->list[j]) : j;
-      k = key_at(i, ncache, cache, chunk, stride1);
+      // From global memory (L2): the sorted list may have overwritten the
+      // end of the key cache.
+      k = to_key(__float_as_uint(load_f(chunk + static_cast<long long>(i) * stride1)));
       const unsigned int inv = posmax - static_cast<unsigned int>(start + i);
       sel = (k > hi) || (k >= lo && inv >= plo);
     }
@@ -510,7 +547,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
               (static_cast<unsigned long long>(k) << 32) |
               static_cast<unsigned long long>(0xffffffffu - static_cast<unsigned int>(start + i));
 #pragma unroll
-          for (int q = 0; q < kCluster; ++q) cluster.map_shared_rank(cand, q)[slot] = c;
+          for (int q = 0; q < CL; ++q) cluster.map_shared_rank(cand, q)[slot] = c;
         }
       }
     }
@@ -521,7 +558,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
 
   // ---- rank: candidate s goes to slot (number of candidates above it) ------
   // Block r ranks candidates [r*kCap/8, (r+1)*kCap/8); kGroup threads share one.
-  constexpr int kPerBlock = kCap / kCluster;
+  constexpr int kPerBlock = kCap / CL;
   constexpr int kGroup = kThreads / kPerBlock;
   static_assert(kGroup >= 1 && kGroup <= 32 && kThreads % kPerBlock == 0, "rank split");
   const unsigned int s = rank * kPerBlock + tid / kGroup;
@@ -537,25 +574,75 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
     out[greater] = static_cast<int>(0xffffffffu - static_cast<unsigned int>(mine_c));
 }
 
+template <int K, int CL>
+cudaError_t launch_cl(const float* logits, long long stride0, long long stride1, long long ncols,
+                      const int* seq_lens, int seq_2d, int next_n, int* indices, int num_rows,
+                      cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned int>(num_rows) * CL);
+  topk_decode_kernel<K, CL><<<grid, kThreads, Plan<K>::kSmemBytes, stream>>>(
+      logits, stride0, stride1, ncols, seq_lens, seq_2d, next_n, indices);
+  return cudaGetLastError();
+}
+
+// Clusters of CL blocks that fit on the device at once (0 on error).
+template <int K, int CL>
+int resident_clusters() {
+  cudaError_t e = cudaFuncSetAttribute(topk_decode_kernel<K, CL>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       Plan<K>::kSmemBytes);
+  if (e != cudaSuccess) return 0;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(CL * 64);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = Plan<K>::kSmemBytes;
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = CL;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, topk_decode_kernel<K, CL>, &cfg) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+// Rows get 8 blocks each while all rows fit on the device in one wave; with
+// more rows, 4 or 2 blocks per row keep them in one wave (rows longer than
+// the smaller cluster's cache take the tail path).  The choice depends only
+// on the row count and the device, so a captured graph stays valid.
 template <int K>
 cudaError_t launch(const float* logits, long long stride0, long long stride1, long long ncols,
                    const int* seq_lens, int seq_2d, int next_n, int* indices, int num_rows,
                    cudaStream_t stream) {
-  static bool attr_set[64] = {};
+  static int fit8[64] = {}, fit4[64] = {};
+  static bool ready[64] = {};
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return e;
   if (dev < 0 || dev >= 64) return cudaErrorInvalidDevice;
-  if (!attr_set[dev]) {
-    e = cudaFuncSetAttribute(topk_decode_kernel<K>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             Plan<K>::kSmemBytes);
-    if (e != cudaSuccess) return e;
-    attr_set[dev] = true;
+  if (!ready[dev]) {
+    fit8[dev] = resident_clusters<K, 8>();
+    fit4[dev] = resident_clusters<K, 4>();
+    if (resident_clusters<K, 2>() == 0 || fit8[dev] == 0) return cudaErrorInvalidConfiguration;
+    ready[dev] = true;
   }
-  const dim3 grid(static_cast<unsigned int>(num_rows) * kCluster);
-  topk_decode_kernel<K><<<grid, kThreads, Plan<K>::kSmemBytes, stream>>>(
-      logits, stride0, stride1, ncols, seq_lens, seq_2d, next_n, indices);
-  return cudaGetLastError();
+#ifdef RS8_FORCE_CLUSTER
+  constexpr int kForce = RS8_FORCE_CLUSTER;
+#else
+  constexpr int kForce = 0;
+#endif
+  if (kForce == 8 || (kForce == 0 && num_rows <= fit8[dev]))
+    return launch_cl<K, 8>(logits, stride0, stride1, ncols, seq_lens, seq_2d, next_n, indices,
+                           num_rows, stream);
+  if (kForce == 4 || (kForce == 0 && num_rows <= fit4[dev]))
+    return launch_cl<K, 4>(logits, stride0, stride1, ncols, seq_lens, seq_2d, next_n, indices,
+                           num_rows, stream);
+  return launch_cl<K, 2>(logits, stride0, stride1, ncols, seq_lens, seq_2d, next_n, indices,
+                         num_rows, stream);
 }
 
 }  // namespace
@@ -600,6 +687,7 @@ int rs8_cache_keys(int k) {
   }
 }
 
+// Largest cluster (blocks per row) the kernel uses; fewer when rows are many.
 int rs8_cluster_size(void) { return rs8::kCluster; }
 
 }  // extern "C"
