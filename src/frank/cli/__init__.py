@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "revert": "frank.cli.revert:revert",
     "serve": "frank.cli.serve:serve",
     "show": "frank.cli.show:show",
+    "trial": "frank.cli.trial:trial",
 }
 
 

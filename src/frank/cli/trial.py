@@ -1,0 +1,127 @@
+"""`frank trial`: plan, seal, run, record, decide and adopt a pre-registered A/B trial."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+
+@click.group()
+def trial() -> None:
+    """A part goes in only through a test whose rule was written before it ran."""
+
+
+@trial.command()
+@click.argument("a")
+@click.argument("b")
+@click.option("--name", required=True, help="Trial name: trials/NAME.toml.")
+@click.option("--metric", required=True,
+              help="Expression over Prometheus series deltas and json:KEY, e.g. "
+                   "'vllm:e2e_request_latency_seconds_sum - vllm:request_queue_time_seconds_sum'.")
+@click.option("--label", default=None, help="The metric in words (default: the expression).")
+@click.option("--direction", type=click.Choice(["lower", "higher"]), required=True,
+              help="Which way is better.")
+@click.option("--design", "kind", type=click.Choice(["blocks", "balanced", "permutation"]),
+              default="blocks", show_default=True)
+@click.option("--blocks", type=click.IntRange(min=1), default=None,
+              help="Blocks (blocks and permutation designs).")
+@click.option("--starts-per-arm", type=click.IntRange(min=1), default=None,
+              help="n of the balanced design's n + n starts (default 4).")
+@click.option("--alpha", type=click.FloatRange(min=0, max=1, min_open=True, max_open=True),
+              default=0.05, show_default=True)
+@click.option("--seed", type=click.IntRange(min=0), default=None,
+              help="Seed of the run order (default: drawn and recorded).")
+@click.option("--seal", "do_seal", is_flag=True, help="Seal the plan right away.")
+def plan(a: str, b: str, name: str, metric: str, label: str | None, direction: str,
+         kind: str, blocks: int | None, starts_per_arm: int | None, alpha: float,
+         seed: int | None, do_seal: bool) -> None:
+    """Write trials/NAME.toml comparing stack A (current) with stack B (candidate)."""
+    from frank.trial.plan import plan as make_plan
+
+    path = make_plan(a, b, name=name, metric=metric, label=label,
+                     direction=direction,  # type: ignore[arg-type]
+                     kind=kind,  # type: ignore[arg-type]
+                     blocks=blocks, alpha=alpha, seed=seed, starts_per_arm=starts_per_arm,
+                     seal=do_seal)
+    click.echo(f"wrote {path}{' (sealed)' if do_seal else ''}")
+
+
+@trial.command()
+@click.argument("name")
+def seal(name: str) -> None:
+    """Seal the rule and the order: content hash and UTC time; later edits are refused."""
+    from frank.trial.model import trial_path
+    from frank.trial.seal import seal_file
+
+    sealed = seal_file(trial_path(name))
+    assert sealed.seal is not None
+    click.echo(f"sealed {name}: {sealed.seal.hash} at {sealed.seal.time}")
+
+
+@trial.command()
+@click.argument("name")
+@click.option("--workload", required=True,
+              help="Shell command run against each start (env FRANK_TRIAL_BASE_URL).")
+@click.option("--ready-timeout", type=float, default=600.0, show_default=True)
+@click.option("--workload-timeout", type=float, default=3600.0, show_default=True)
+@click.option("--stop-timeout", type=float, default=60.0, show_default=True)
+@click.option("--keep-going", is_flag=True, help="Go on after a crashed start.")
+@click.option("--no-progress", is_flag=True, help="No progress bar (logs, CI).")
+def run(name: str, workload: str, ready_timeout: float, workload_timeout: float,
+        stop_timeout: float, keep_going: bool, no_progress: bool) -> None:
+    """Run the sealed order: serve each start's stack, run the workload, record it."""
+    from frank.trial.model import trial_path
+    from frank.trial.run import RunOptions, run_trial
+
+    opts = RunOptions(workload=workload, ready_timeout=ready_timeout,
+                      workload_timeout=workload_timeout, stop_timeout=stop_timeout,
+                      keep_going=keep_going)
+    new = run_trial(trial_path(name), opts, progress=not no_progress)
+    crashed = sum(1 for r in new if r.status == "crash")
+    click.echo(f"ran {len(new)} start(s), {crashed} crashed")
+
+
+@trial.command()
+@click.argument("name")
+@click.argument("results", type=click.Path(path_type=Path))
+def record(name: str, results: Path) -> None:
+    """Import starts measured elsewhere (CSV or JSON) for the same sealed plan."""
+    from frank.trial.model import trial_path
+    from frank.trial.record import record_file
+    from frank.trial.seal import load_sealed
+
+    path = trial_path(name)
+    sealed, digest = load_sealed(path)
+    new = record_file(path, sealed, digest, results)
+    click.echo(f"recorded {len(new)} start(s) from {results}")
+
+
+@trial.command()
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print the decision as JSON.")
+def decide(name: str, as_json: bool) -> None:
+    """Apply the sealed rule with its exact test and print the table users publish."""
+    from frank.trial.decide import decide_file, render
+    from frank.trial.model import trial_path
+
+    decision = decide_file(trial_path(name))
+    if as_json:
+        click.echo(json.dumps(decision.to_json(), indent=2, sort_keys=True))
+    else:
+        render(decision)
+
+
+@trial.command()
+@click.argument("name")
+@click.option("--into", "into", default="stacks/served.toml", show_default=True,
+              help="The served stack the candidate part goes into if adopted.")
+@click.option("--rejected", is_flag=True,
+              help="If not adopted, mark the part rejected (default: parked).")
+def adopt(name: str, into: str, rejected: bool) -> None:
+    """Write the decision into the part's manifest and, if adopted, the served stack."""
+    from frank.trial.adopt import adopt as do_adopt
+    from frank.trial.model import trial_path
+
+    click.echo(do_adopt(trial_path(name), into, rejected=rejected))

@@ -1,0 +1,161 @@
+"""The results file (``trials/NAME.results.jsonl``): one JSON line per engine start.
+
+Why JSON lines, appended by rewrite-and-rename: a start is recorded the moment it ends,
+so a crash of frank itself loses at most the start in flight and ``run`` resumes from the
+file; nothing on disk is ever half a line. ``frank trial record`` imports starts measured
+elsewhere (CSV or JSON) into the same file, checked against the sealed plan first.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from frank.errors import FrankError
+from frank.fsutil import write_atomic
+from frank.kinds.base import Strict
+from frank.tomlio import validation_to_error
+from frank.trial.model import Trial, results_path
+
+
+class StartRecord(Strict):
+    """One engine start as it happened."""
+
+    start: int
+    block: int
+    arm: Literal["A", "B"]
+    digest: str  # the lock digest that was served
+    trial: str  # the trial digest (seal hash) it was run under
+    status: Literal["ok", "crash"]
+    value: float | None = None
+    error: str | None = None
+    stack: str | None = None
+    started: str | None = None
+    ready: str | None = None
+    finished: str | None = None
+    metrics: dict[str, float] = {}
+    source: str = "run"
+
+
+def read_results(path: Path) -> list[StartRecord]:
+    """Every recorded start, in file order; a bad line is an error naming the line."""
+    if not path.is_file():
+        return []
+    out = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            raw = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise FrankError(f"not valid JSON: {exc.msg}", file=path, field=f"line {n}") from None
+        try:
+            out.append(StartRecord.model_validate(raw))
+        except ValidationError as exc:
+            err = validation_to_error(exc, path)
+            err.field = f"line {n}.{err.field}" if err.field else f"line {n}"
+            raise err from None
+    return out
+
+
+def append(path: Path, records: list[StartRecord]) -> None:
+    """Append records atomically (the old content plus the new lines, renamed into place)."""
+    old = path.read_text(encoding="utf-8") if path.is_file() else ""
+    if old and not old.endswith("\n"):
+        old += "\n"
+    lines = "".join(json.dumps(r.model_dump(mode="json", exclude_defaults=False),
+                               sort_keys=True) + "\n" for r in records)
+    write_atomic(path, old + lines)
+
+
+def _rows(src: Path) -> list[dict[str, Any]]:
+    if not src.is_file():
+        raise FrankError("results file not found", file=src)
+    text = src.read_text(encoding="utf-8")
+    if src.suffix == ".csv":
+        return [dict(r) for r in csv.DictReader(text.splitlines())]
+    if src.suffix == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise FrankError(f"not valid JSON: {exc.msg}", file=src) from None
+        if isinstance(data, dict):
+            data = data.get("starts")
+        if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+            raise FrankError("expected a list of starts (or {\"starts\": [...]})", file=src)
+        return data
+    raise FrankError("results must be a .csv or .json file", file=src)
+
+
+def _number(value: Any, src: Path, field: str, *, integer: bool = False) -> float | None:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise FrankError(f"{value!r} is not a number", file=src, field=field) from None
+    if not math.isfinite(number) or (integer and number != int(number)):
+        raise FrankError(f"{value!r} is not a valid value", file=src, field=field)
+    return number
+
+
+def import_rows(trial: Trial, digest: str, src: Path, existing: list[StartRecord]
+                ) -> list[StartRecord]:
+    """Rows of a CSV/JSON file as start records, each checked against the sealed plan.
+
+    Required per row: ``start``, ``arm``, ``digest`` (the lock digest that was served) and
+    ``value``; ``block``, ``started``, ``finished`` are checked or kept when present.
+    """
+    order = {s.start: s for s in trial.order}
+    done = {r.start for r in existing if r.status == "ok"}
+    out: list[StartRecord] = []
+    for i, row in enumerate(_rows(src)):
+        where = f"starts[{i}]"
+        start_no = _number(row.get("start"), src, f"{where}.start", integer=True)
+        if start_no is None:
+            raise FrankError("required field is missing", file=src, field=f"{where}.start")
+        start = int(start_no)
+        sealed = order.get(start)
+        if sealed is None:
+            raise FrankError(f"extra start: the sealed order has starts 1-{len(order)}",
+                             file=src, field=f"{where}.start")
+        arm = str(row.get("arm") or "")
+        if arm != sealed.arm:
+            raise FrankError(f"start {start} is arm {sealed.arm} in the sealed order, "
+                             f"not {arm or 'missing'!r}", file=src, field=f"{where}.arm")
+        block = _number(row.get("block"), src, f"{where}.block", integer=True)
+        if block is not None and int(block) != sealed.block:
+            raise FrankError(f"start {start} is in block {sealed.block} in the sealed order",
+                             file=src, field=f"{where}.block")
+        served = str(row.get("digest") or "")
+        expected = getattr(trial.arms, arm).digest
+        if served != expected:
+            raise FrankError(f"results for a stack whose lock changed since sealing: arm {arm} "
+                             f"was sealed as {expected}, this start served "
+                             f"{served or 'no digest'}", file=src, field=f"{where}.digest")
+        value = _number(row.get("value"), src, f"{where}.value")
+        if value is None:
+            raise FrankError(f"metric missing from start {start} ({trial.metric.label})",
+                             file=src, field=f"{where}.value")
+        if start in done:
+            raise FrankError(f"extra start: start {start} already has a result",
+                             file=src, field=f"{where}.start")
+        done.add(start)
+        out.append(StartRecord(
+            start=start, block=sealed.block, arm=sealed.arm, digest=served, trial=digest,
+            status="ok", value=value, started=row.get("started") or None,
+            finished=row.get("finished") or None, source=f"record:{src.name}"))
+    return out
+
+
+def record_file(trial_file: Path, trial: Trial, digest: str, src: Path) -> list[StartRecord]:
+    """Import a results file for the sealed plan; nothing is written if any row is refused."""
+    path = results_path(trial_file)
+    new = import_rows(trial, digest, src, read_results(path))
+    append(path, new)
+    return new

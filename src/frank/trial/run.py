@@ -1,0 +1,253 @@
+"""`frank trial run`: execute the sealed order, one engine start at a time.
+
+Each start: check the arm's stack still locks to the sealed digest, start the engine
+through the one launcher (``python -m frank.launch`` on that exact lock, as the image does),
+wait for /health, scrape /metrics, run the workload with the server's URL in its
+environment, scrape again, SIGTERM the engine and wait until its whole process group is
+gone (the next start reuses the port), then append the start to the results file. A start
+that fails is recorded as a crash; a later `run` resumes at the first start without a
+result. Why one process group per start: the engine's workers must not outlive it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from frank.errors import FrankError
+from frank.lock import render_lock
+from frank.project import lock_stack
+from frank.trial.design import Start
+from frank.trial.metric import Expr, MetricError, deltas, parse, parse_prometheus, workload_json
+from frank.trial.model import Trial, repo_of, results_path
+from frank.trial.record import StartRecord, append, read_results
+from frank.trial.seal import load_sealed, utc_now
+
+Report = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Limits for one start."""
+
+    workload: str
+    ready_timeout: float = 600.0
+    workload_timeout: float = 3600.0
+    stop_timeout: float = 60.0
+    keep_going: bool = False
+
+
+def logs_dir(trial_file: Path) -> Path:
+    """Engine and workload logs, one pair per start: ``trials/NAME.logs/``."""
+    return trial_file.with_name(f"{trial_file.stem}.logs")
+
+
+def current_locks(trial: Trial, trial_file: Path) -> dict[str, dict[str, Any]]:
+    """Each arm's lock as it is now; a stack whose lock changed since sealing is refused."""
+    root = repo_of(trial_file)
+    out: dict[str, dict[str, Any]] = {}
+    for arm in ("A", "B"):
+        spec = getattr(trial.arms, arm)
+        locked = lock_stack(str(root / spec.stack))
+        if locked.lock.digest != spec.digest:
+            raise FrankError(f"arm {arm}: {spec.stack} now locks to {locked.lock.digest}, the "
+                             f"trial sealed {spec.digest}: the stack changed since sealing",
+                             file=trial_file, field=f"arms.{arm}.digest")
+        out[arm] = json.loads(render_lock(locked.lock))
+    return out
+
+
+def _group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes in a process group."""
+    out = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(p.name)) == pgid:
+                state = (p / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                if state != "Z":
+                    out.append(int(p.name))
+        except (ProcessLookupError, PermissionError, FileNotFoundError, IndexError):
+            continue
+    return out
+
+
+def stop_engine(proc: subprocess.Popen[bytes], timeout: float) -> int:
+    """SIGTERM the launcher (it forwards to the engine); SIGKILL the group after timeout."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        code = proc.wait()
+    deadline = time.monotonic() + 10
+    while _group_members(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in _group_members(proc.pid):  # only this start's engine processes
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return code
+
+
+def _port_busy(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(1)
+        return s.connect_ex((host, port)) == 0
+
+
+def scrape(base_url: str) -> dict[str, float]:
+    """The engine's Prometheus metrics, summed over label sets."""
+    with urllib.request.urlopen(base_url + "/metrics", timeout=30) as resp:
+        return parse_prometheus(resp.read().decode("utf-8", "replace"))
+
+
+def _tail(path: Path) -> str:
+    lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else "(empty log)"
+
+
+def run_start(start: Start, lock: dict[str, Any], expr: Expr, opts: RunOptions, *,
+              trial_digest: str, stack: str, root: Path, logs: Path,
+              report: Report) -> StartRecord:
+    """One engine start, end to end; never raises for an engine or workload failure."""
+    from frank import launch
+
+    logs.mkdir(parents=True, exist_ok=True)
+    tag = f"start-{start.index:03d}"
+    lock_file = logs / f"{tag}.lock.json"
+    lock_file.write_text(json.dumps(lock, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    engine_log = logs / f"{tag}.engine.log"
+    host = str(lock["flags"].get("host", "127.0.0.1"))
+    host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    port = int(lock["flags"].get("port", 8000))
+    base_url = f"http://{host}:{port}"
+    fields: dict[str, Any] = {"start": start.index, "block": start.block, "arm": start.arm,
+                              "digest": lock["digest"], "trial": trial_digest, "stack": stack}
+
+    def crash(error: str, **more: Any) -> StartRecord:
+        return StartRecord(**fields, status="crash", error=error, finished=utc_now(), **more)
+
+    if _port_busy(host, port):
+        return crash(f"port {port} on {host} is already in use before the engine started",
+                     started=utc_now())
+    started = utc_now()
+    fields["started"] = started
+    report("starting engine")
+    argv = [sys.executable, "-m", "frank.launch", "--lock", str(lock_file),
+            "--ready-timeout", str(opts.ready_timeout)]
+    with engine_log.open("wb") as out:
+        proc = subprocess.Popen(argv, cwd=root, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        if not launch.wait_ready(base_url + "/health", proc, opts.ready_timeout):
+            code = proc.poll()
+            why = (f"engine exited with code {code} before ready" if code is not None
+                   else f"engine not ready in {opts.ready_timeout:g} s")
+            return crash(f"{why}: {_tail(engine_log)}")
+        ready = utc_now()
+        fields["ready"] = ready
+        before = scrape(base_url) if expr.series else {}
+        report("running workload")
+        env = {**os.environ, "FRANK_TRIAL_BASE_URL": base_url,
+               "OPENAI_BASE_URL": base_url + "/v1", "FRANK_TRIAL_ARM": start.arm,
+               "FRANK_TRIAL_BLOCK": str(start.block), "FRANK_TRIAL_START": str(start.index),
+               "FRANK_TRIAL_STACK": stack}
+        try:
+            work = subprocess.run(opts.workload, shell=True, cwd=root, env=env,
+                                  capture_output=True, text=True, timeout=opts.workload_timeout,
+                                  stdin=subprocess.DEVNULL, check=False)
+        except subprocess.TimeoutExpired:
+            return crash(f"workload ran past {opts.workload_timeout:g} s")
+        (logs / f"{tag}.workload.log").write_text(
+            f"$ {opts.workload}\n--- stdout\n{work.stdout}\n--- stderr\n{work.stderr}",
+            encoding="utf-8")
+        if proc.poll() is not None:
+            return crash(f"engine exited with code {proc.returncode} during the workload: "
+                         f"{_tail(engine_log)}")
+        if work.returncode != 0:
+            err = (work.stderr.strip().splitlines() or ["(no stderr)"])[-1][:300]
+            return crash(f"workload exited with code {work.returncode}: {err}")
+        after = scrape(base_url) if expr.series else {}
+        found = deltas(before, after, expr.series)
+        out_json = workload_json(work.stdout)
+        value: float | None
+        try:
+            value = expr.value(found, out_json)
+            error = None
+        except MetricError as exc:
+            value, error = None, str(exc)
+        return StartRecord(**fields, status="ok", value=value, error=error, metrics=found,
+                           finished=utc_now())
+    except (urllib.error.URLError, OSError) as exc:
+        return crash(f"engine metrics endpoint failed: {exc}")
+    finally:
+        report("stopping engine")
+        stop_engine(proc, opts.stop_timeout)
+
+
+def run_trial(trial_file: Path, opts: RunOptions, *, progress: bool = True) -> list[StartRecord]:
+    """Run every sealed start that has no result yet, in the sealed order."""
+    trial, digest = load_sealed(trial_file)
+    try:
+        expr = parse(trial.metric.expr)
+    except MetricError as exc:
+        raise FrankError(str(exc), file=trial_file, field="metric.expr") from None
+    locks = current_locks(trial, trial_file)
+    results = results_path(trial_file)
+    existing = read_results(results)
+    for r in existing:
+        if r.trial != digest:
+            raise FrankError(f"start {r.start} was recorded under trial digest {r.trial}, but "
+                             f"the trial is sealed as {digest} (was it edited and re-sealed?)",
+                             file=results, field="trial")
+    done = {r.start for r in existing if r.status == "ok"}
+    todo = [s for s in trial.starts() if s.index not in done]
+    root = repo_of(trial_file)
+    new: list[StartRecord] = []
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())
+    with Progress(*columns, console=console, disable=not progress, transient=False) as bar:
+        task = bar.add_task(f"trial {trial.name}", total=len(trial.order),
+                            completed=len(trial.order) - len(todo))
+        for s in todo:
+            def report(what: str, s: Start = s) -> None:
+                bar.update(task, description=f"start {s.index}/{len(trial.order)} "
+                                             f"(block {s.block}, arm {s.arm}): {what}")
+
+            # The stack may change while the trial runs: check before every start.
+            if s.index != todo[0].index:
+                locks = current_locks(trial, trial_file)
+            spec = getattr(trial.arms, s.arm)
+            record = run_start(s, locks[s.arm], expr, opts, trial_digest=digest,
+                               stack=spec.stack, root=root, logs=logs_dir(trial_file),
+                               report=report)
+            append(results, [record])
+            new.append(record)
+            bar.advance(task)
+            shown = f"{record.value:.6g}" if record.value is not None else record.error
+            console.print(f"start {s.index} (block {s.block}, arm {s.arm}): {record.status}: "
+                          f"{shown}", highlight=False)
+            if record.status == "crash" and not opts.keep_going:
+                raise FrankError(f"start {s.index} (block {s.block}, arm {s.arm}) crashed: "
+                                 f"{record.error}; recorded; run again to resume",
+                                 file=results, field="status")
+    return new
