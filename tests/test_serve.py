@@ -54,6 +54,7 @@ def serve(repo: Path, hub: Path, *args: str, record: Path) -> subprocess.Complet
 
 
 def test_print_shows_command_and_env(repo: Path) -> None:
+    assert frank("lock", "stacks/smoke-cpu.toml", cwd=repo).code == 0
     result = frank("serve", "stacks/smoke-cpu.toml", "--print", cwd=repo)
     assert result.code == 0, result.err
     shown = json.loads(result.out)

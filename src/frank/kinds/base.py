@@ -8,7 +8,6 @@ requires/conflicts/replaces, revert) live here once.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal
@@ -18,17 +17,13 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, model_validator
 from frank.errors import FrankError
 from frank.fsutil import repo_path
 from frank.hashing import sha256_file, sha256_tree
-
-_SLUG = re.compile(r"[a-z0-9][a-z0-9._-]*")
+from frank.pins import matching
 
 FlagValue = str | int | float | bool
 
 
-def check_slug(value: str) -> str:
-    """Names and versions are lower-case slugs: they become file names and layer names."""
-    if not _SLUG.fullmatch(value):
-        raise ValueError(f"{value!r} is not a lower-case slug ([a-z0-9][a-z0-9._-]*)")
-    return value
+# Names and versions are lower-case slugs: they become file names and layer names.
+check_slug = matching(r"[a-z0-9][a-z0-9._-]*", "a lower-case slug ([a-z0-9][a-z0-9._-]*)")
 
 
 Slug = Annotated[str, AfterValidator(check_slug)]

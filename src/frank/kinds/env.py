@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import AfterValidator, field_validator
 
 from frank.kinds.base import PartBase
+from frank.pins import matching
 
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def check_env_name(value: str) -> str:
-    """An environment variable name."""
-    if not _ENV_NAME.fullmatch(value):
-        raise ValueError(f"{value!r} is not an environment variable name")
-    return value
+check_env_name = matching(r"[A-Za-z_][A-Za-z0-9_]*", "an environment variable name")
 
 
 EnvName = Annotated[str, AfterValidator(check_env_name)]

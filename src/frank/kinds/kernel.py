@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import AfterValidator
 
 from frank.kinds.base import FileCopy, LayerContribution, PartBase, PartContext
 from frank.kinds.plugin import EntryPoint, package_dest
+from frank.pins import matching
 
-_ARCH = re.compile(r"sm_[0-9]{2,3}[af]?")
-
-
-def check_arch(value: str) -> str:
-    """A CUDA arch name such as ``sm_120`` or ``sm_90a``."""
-    if not _ARCH.fullmatch(value):
-        raise ValueError(f"{value!r} is not a CUDA arch like sm_120 or sm_90a")
-    return value
+check_arch = matching(r"sm_[0-9]{2,3}[af]?", "a CUDA arch like sm_120 or sm_90a")
 
 
 Arch = Annotated[str, AfterValidator(check_arch)]

@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import AfterValidator
 
 from frank.kinds.base import FlagValue, PartBase
-from frank.pins import HubRevision, Sha256
+from frank.pins import HubRevision, Sha256, matching
 
-_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
-
-
-def check_repo_id(value: str) -> str:
-    """A hub repo id is ``owner/name``."""
-    if not _REPO_ID.fullmatch(value):
-        raise ValueError(f"{value!r} is not a hub repo id of the form owner/name")
-    return value
+check_repo_id = matching(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*",
+                         "a hub repo id of the form owner/name")
 
 
 RepoId = Annotated[str, AfterValidator(check_repo_id)]
