@@ -21,12 +21,16 @@ def test_compose_writes_plan_and_complete_context(repo: Path) -> None:
     dockerfile = (out / "context/Dockerfile").read_text()
     for layer in plan["layers"]:
         assert f"# layer {layer['index']}: {layer['name']}" in dockerfile
+    # multi-stage: the kernel is compiled in its own stage, only its tree is copied over
+    assert "FROM engine AS kernel-rs8" in dockerfile
+    assert "COPY --from=kernel-rs8 /opt/frank/kernels/rs8/ /opt/frank/kernels/rs8/" in dockerfile
+    assert "export CUDA_ARCHS='120 90a' && bash build.sh build" in dockerfile
     assert "--hash=sha256:2d2831aeba311292250df0132dbc4d8e9f42c654536eaec48e6fe58acb1822cf" in \
         next(out.glob("context/layers/*engine-vllm-base/rootfs/opt/frank/engine/requirements.txt"))\
         .read_text()
     # every COPY source exists and the staged files are the repo's files
     for line in dockerfile.splitlines():
-        if line.startswith("COPY "):
+        if line.startswith("COPY ") and "--from=" not in line:
             assert (out / "context" / line.split()[1]).is_dir()
     staged = next(out.glob("context/layers/*data-expert-plan/rootfs/opt/frank/data"))
     assert (staged / "expert-plan.json").read_bytes() == \

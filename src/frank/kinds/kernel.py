@@ -31,7 +31,7 @@ class Kernel(PartBase):
     source: str | None = None
     archs: list[Arch]
     replaces_op: str
-    build: str  # run from the source folder; CUDA_ARCHS holds the arch list
+    build: str  # run from the source folder; $CUDA_ARCHS holds the archs as nvcc numbers
     plugin: EntryPoint | None = None
 
     def inputs(self, ctx: PartContext) -> dict[str, str]:
@@ -54,10 +54,14 @@ class Kernel(PartBase):
                 pip = (package_dest(self.name),)
         return LayerContribution(
             files=tuple(files),
-            run=(f"cd {dest} && CUDA_ARCHS='{' '.join(self.archs)}' {self.build}",),
+            run=(f"cd {dest} && export CUDA_ARCHS='{self.nvcc_archs()}' && {self.build}",),
             pip_install=pip,
             why=f"compiled for {', '.join(self.archs)} against the image's torch",
         )
+
+    def nvcc_archs(self) -> str:
+        """``sm_120 sm_90a`` -> ``120 90a``: the form nvcc's -gencode takes."""
+        return " ".join(a.removeprefix("sm_") for a in self.archs)
 
     def plugin_names(self) -> list[str]:
         return [self.plugin.name] if self.plugin is not None else []
