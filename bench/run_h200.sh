@@ -26,6 +26,12 @@ export RS8_LIB="$PWD/kernels/rs8/build/librs8.so" RS8_BREAK_LIB=/tmp/rs8break/li
 variant_args=()
 for v in ${VARIANTS:-}; do
   name="${v%%:*}"; flags="${v#*:}"
+  if [[ "$flags" == @* ]]; then  # name:@path/to/older_source.cu
+    mkdir -p "/tmp/rs8v_$name" && nvcc -O3 -std=c++17 -shared -Xcompiler -fPIC \
+      -gencode=arch=compute_90a,code=sm_90a -o "/tmp/rs8v_$name/librs8.so" "${flags#@}" &&
+      variant_args+=(--variant "$name=/tmp/rs8v_$name/librs8.so")
+    continue
+  fi
   RS8_EXTRA_FLAGS="${flags//,/ }" kernels/rs8/build.sh "/tmp/rs8v_$name" 90a >/dev/null 2>&1 &&
     variant_args+=(--variant "$name=/tmp/rs8v_$name/librs8.so")
 done

@@ -110,6 +110,15 @@ __device__ __forceinline__ unsigned int bucket_hi(unsigned int b) {
   return b >= 512u ? 0x80000000u + mag_hi(b - 512u) : 0x7fffffffu - mag_lo(511u - b);
 }
 
+// Pass 0 counts only keys above +0.0's bucket (negatives, zeros and tiny
+// values are most of a row and never in its top k unless the row has fewer
+// than k larger keys; then the pass is redone with every key, see below).
+constexpr unsigned int kLowMax = 512u;
+__device__ __forceinline__ void count_high(unsigned int* h, unsigned int k) {
+  const unsigned int b = bucket(k);
+  if (b > kLowMax) atomicAdd(&h[b], 1u);
+}
+
 __device__ __forceinline__ void store_and_count(float4 q, int i, unsigned int* cache,
                                                 unsigned int* h, int cap) {
   uint4 kk;
@@ -121,10 +130,10 @@ __device__ __forceinline__ void store_and_count(float4 q, int i, unsigned int* c
 #ifdef RS8_P0_NOHIST
   return;  // timing variant only: load + cache without the histogram
 #endif
-  atomicAdd(&h[bucket(kk.x)], 1u);
-  atomicAdd(&h[bucket(kk.y)], 1u);
-  atomicAdd(&h[bucket(kk.z)], 1u);
-  atomicAdd(&h[bucket(kk.w)], 1u);
+  count_high(h, kk.x);
+  count_high(h, kk.y);
+  count_high(h, kk.z);
+  count_high(h, kk.w);
 }
 
 // Key of chunk entry i: from the shared-memory cache, or re-read (tail).
@@ -229,14 +238,14 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(kThreads, 1)
     for (int i = nv * 4 + tid; i < n; i += kThreads) {
       const unsigned int k = to_key(__float_as_uint(load_f(chunk + i)));
       if (i < P::kCache) cache[i] = k;
-      atomicAdd(&hA[bucket(k)], 1u);
+      count_high(hA, k);
     }
   } else {
     for (int i = tid; i < n; i += kThreads) {
       const unsigned int k =
           to_key(__float_as_uint(load_f(chunk + static_cast<long long>(i) * stride1)));
       if (i < P::kCache) cache[i] = k;
-      atomicAdd(&hA[bucket(k)], 1u);
+      count_high(hA, k);
     }
   }
 
@@ -264,8 +273,14 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(kThreads, 1)
   bool make_list = false;  // this refine pass builds the list
   bool use_list = false;   // later passes and the gather walk the list
 
+  bool redo0 = false;  // pass 0 must be redone counting every key
   for (;;) {
-    if (phase != 0) {
+    if (redo0) {
+      for (int i = tid; i < kBins; i += kThreads) hA[i] = 0;
+      __syncthreads();
+      for (int i = tid; i < n; i += kThreads)
+        atomicAdd(&hA[bucket(key_at(i, ncache, cache, chunk, stride1))], 1u);
+    } else if (phase != 0) {
       // Histogram of the next digit among the still-open entries.
       for (int i = tid; i < kBins; i += kThreads) hA[i] = 0;
       __syncthreads();
@@ -342,6 +357,7 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(kThreads, 1)
     }
     __syncthreads();
     const unsigned int c = hB[tid];  // thread t owns bin t
+    if (tid == 0) misc->cnt = 0;  // stays 0 if no bin holds the cutoff
     // Count in bins above bin t (exclusive suffix sum over the block).
     const unsigned int wincl = warp_suffix_incl(c, lane);
     if (lane == 0) misc->warp_sums[warp] = wincl;
@@ -354,13 +370,18 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(kThreads, 1)
       misc->cnt = c;
     }
     __syncthreads();
-    const unsigned int d = misc->digit;
-    krem -= misc->above;
     const unsigned int cnt = misc->cnt;
     // Swap buffers: the next pass writes the one nobody reads now.
     unsigned int* t = hA;
     hA = hB;
     hB = t;
+    if (cnt == 0) {  // fewer than K keys above +0.0's bucket: count them all
+      redo0 = true;
+      continue;
+    }
+    redo0 = false;
+    const unsigned int d = misc->digit;
+    krem -= misc->above;
 
     // Narrow the open range to the chosen digit.
     if (phase == 0) {
@@ -415,15 +436,47 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(kThreads, 1)
   unsigned long long* pulled = reinterpret_cast<unsigned long long*>(cache);
   static_assert(P::kCache / 2 - kLocalCap >= P::kAuxBytes / 8, "pull area overlaps S");
   const int m = use_list ? static_cast<int>(misc->nlist) : n;
-  for (int j = tid; j < m; j += kThreads) {
-    const int i = use_list ? static_cast<int>(misc->list[j]) : j;
-    const unsigned int k = key_at(i, ncache, cache, chunk, stride1);
+  auto take = [&](int i, unsigned int k) {
     const unsigned int inv = posmax - static_cast<unsigned int>(start + i);
     if ((k > hi) || (k >= lo && inv >= plo)) {
       const unsigned int e = atomicAdd(&misc->nloc, 1u);
       if (e < static_cast<unsigned int>(kLocalCap))
         U[e] = (static_cast<unsigned long long>(k) << 32) |
                static_cast<unsigned long long>(0xffffffffu - static_cast<unsigned int>(start + i));
+    }
+  };
+  if (use_list) {
+    for (int j = tid; j < m; j += kThreads) {
+      const int i = static_cast<int>(misc->list[j]);
+      take(i, key_at(i, ncache, cache, chunk, stride1));
+    }
+  } else {
+    const int nc4 = ncache >> 2;  // 16-byte reads of the cache
+    for (int j = tid; j < nc4; j += kThreads) {
+      const uint4 kk = reinterpret_cast<const uint4*>(cache)[j];
+      if (kk.x >= lo) take(4 * j, kk.x);
+      if (kk.y >= lo) take(4 * j + 1, kk.y);
+      if (kk.z >= lo) take(4 * j + 2, kk.z);
+      if (kk.w >= lo) take(4 * j + 3, kk.w);
+    }
+    for (int i = nc4 * 4 + tid; i < ncache; i += kThreads) take(i, cache[i]);
+    // Tail (past the cache): 8 independent global loads in flight per thread.
+    constexpr int kT = 8;
+    for (int i0 = ncache + tid; i0 < n; i0 += kT * kThreads) {
+      unsigned int kk[kT];
+#pragma unroll
+      for (int u = 0; u < kT; ++u) {
+        const int i = i0 + u * kThreads;
+        kk[u] = (i < n) ? __float_as_uint(load_f(chunk + static_cast<long long>(i) * stride1)) : 0u;
+      }
+#pragma unroll
+      for (int u = 0; u < kT; ++u) {
+        const int i = i0 + u * kThreads;
+        if (i < n) {
+          const unsigned int k = to_key(kk[u]);
+          if (k >= lo) take(i, k);
+        }
+      }
     }
   }
   __syncthreads();  // U complete, and nobody reads the cache any more
