@@ -168,7 +168,12 @@ def adopt(trial_file: Path, into: str, *, rejected: bool = False) -> str:
         tmp.write_text(new_text, encoding="utf-8")
         new_lock = build_lock(resolve(tmp, root, catalog))
         if change.action != "remove":  # the one-step revert must lead back exactly
-            back = plan_revert(tmp, change.part, root)
+            try:
+                back = plan_revert(tmp, change.part, root)
+            except FrankError as exc:
+                raise FrankError(f"after adopting, `frank revert {change.part}` would fail "
+                                 f"({exc.message}); the one-step revert must stay intact",
+                                 file=stack_file, field="revert") from None
             if back.lock.digest != old_lock.digest:
                 raise FrankError(
                     f"the part's revert ({back.action}"
