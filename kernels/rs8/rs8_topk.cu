@@ -58,6 +58,19 @@ static_assert(Plan<512>::kCache == 22928, "cache size changed");
 // are at or above the cutoff bucket (found by the first refine pass), so later
 // passes and the gather touch ~100 entries instead of the whole chunk.
 constexpr int kListCap = 320;
+#ifdef RS8_TIMING
+// Stage clocks of row 0's blocks (timing build only): [block][stage].
+__device__ long long g_rs8_clock[kCluster][16];
+#define RS8_MARK(st)                                                   \
+  do {                                                                  \
+    if (row == 0 && tid == 0) g_rs8_clock[rank][st] = clock64();        \
+  } while (0)
+#else
+#define RS8_MARK(st) \
+  do {               \
+  } while (0)
+#endif
+
 struct Misc {
   unsigned int counter;   // block 0's: next free candidate slot (cluster-wide)
   unsigned int digit;     // result of the current pass
@@ -207,6 +220,7 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(kThreads, 1)
   const float* rowp = logits + static_cast<long long>(row) * stride0;
   const float* chunk = rowp + static_cast<long long>(start) * stride1;
 
+  RS8_MARK(0);
   // ---- pass 0: load, cache, histogram of the coarse bucket ------------------
   unsigned int* hA = hist0;
   unsigned int* hB = hist0 + kBins;
@@ -273,6 +287,7 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(kThreads, 1)
   bool make_list = false;  // this refine pass builds the list
   bool use_list = false;   // later passes and the gather walk the list
 
+  RS8_MARK(1);  // pass 0 done in this block
   bool redo0 = false;  // pass 0 must be redone counting every key
   for (;;) {
     if (redo0) {
@@ -332,6 +347,7 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(kThreads, 1)
 
     // All 8 histograms complete (and every block is done reading hB).
     cluster.sync();
+    RS8_MARK(2);
     if (make_list) {  // the list is complete now (the barrier above orders it)
       make_list = false;
       use_list = misc->nlist <= static_cast<unsigned int>(kListCap);
@@ -426,6 +442,7 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(kThreads, 1)
   return;  // timing variant: through the radix passes
 #endif
 
+  RS8_MARK(3);  // radix loop left
   // ---- local gather + sort: this block's selected entries, descending -----
   // U lives in hA, which after the final swap is the buffer no other block
   // reads; the sorted list S goes to the end of the (now free) key cache.
@@ -480,6 +497,7 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(kThreads, 1)
     }
   }
   __syncthreads();  // U complete, and nobody reads the cache any more
+  RS8_MARK(4);
   const unsigned int nloc = misc->nloc;
   if (nloc <= static_cast<unsigned int>(kLocalCap)) {
     // Rank sort, 2 threads per entry: S[#greater] = U[e].
@@ -492,8 +510,10 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(kThreads, 1)
     if (g2 == 0 && e < nloc) S[gt] = me;
   }
 
+  RS8_MARK(5);  // sorted
   // Every block's sorted list and count are ready; every histogram read is done.
   cluster.sync();
+  RS8_MARK(6);
   if (tid < CL) misc->nq[tid] = *cluster.map_shared_rank(&misc->nloc, tid);
   __syncthreads();
   bool fits = true;
@@ -531,6 +551,7 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(kThreads, 1)
     // Done reading other blocks: arrive now, wait only before exiting.
     asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
     __syncthreads();
+    RS8_MARK(7);  // pulled
     const int q = tid % CL;
     unsigned int pq_lo = 0, pq_hi = 0;
 #pragma unroll
@@ -564,8 +585,10 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(kThreads, 1)
       if (q == 0 && e < nloc && cnt_gt < static_cast<unsigned int>(K))
         out[cnt_gt] = static_cast<int>(0xffffffffu - static_cast<unsigned int>(me));
     }
+    RS8_MARK(8);  // ranked
     // Keep S alive until every block has pulled it.
     asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+    RS8_MARK(9);
     return;
   }
   // A block selected more than kLocalCap entries (skewed rows): broadcast
@@ -742,5 +765,13 @@ int rs8_cache_keys(int k) {
 
 // Largest cluster (blocks per row) the kernel uses; fewer when rows are many.
 int rs8_cluster_size(void) { return rs8::kCluster; }
+
+#ifdef RS8_TIMING
+// Copy row 0's stage clocks (kCluster x 16 int64) to host memory.
+int rs8_read_clocks(long long* host) {
+  return static_cast<int>(
+      cudaMemcpyFromSymbol(host, rs8::g_rs8_clock, sizeof(rs8::g_rs8_clock)));
+}
+#endif
 
 }  // extern "C"

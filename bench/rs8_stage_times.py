@@ -1,0 +1,68 @@
+"""Per-stage clock64 cycles of rs8's kernel (a -DRS8_TIMING build), row 0's 8 blocks.
+
+Why: the stages (load + bucket pass, reduce, local gather, sort, pull, rank)
+end in cluster barriers, so whole-kernel timings cannot say which one costs;
+the block-local cycle counts can. Median over calls, per stage and block.
+
+    python3 bench/rs8_stage_times.py --lib /tmp/rs8t/librs8.so --ctx 112464
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels" / "rs8" / "python"))
+import rs8_op
+
+STAGES = [
+    "pass0 (load+bucket hist)",
+    "sync+reduce",
+    "rest of radix loop",
+    "local gather",
+    "local sort",
+    "cluster sync",
+    "pull",
+    "rank",
+    "final wait",
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--lib", required=True)
+    parser.add_argument("--ctx", type=int, default=112464)
+    parser.add_argument("--calls", type=int, default=30)
+    args = parser.parse_args()
+    lib = rs8_op.open_library(args.lib)
+    lib.rs8_read_clocks.restype = ctypes.c_int
+    lib.rs8_read_clocks.argtypes = [ctypes.c_void_p]
+    rows, k = 6, 512
+    seq = torch.full((rows, 1), args.ctx, dtype=torch.int32, device="cuda")
+    out = torch.empty((rows, k), dtype=torch.int32, device="cuda")
+    host = (ctypes.c_longlong * (8 * 16))()
+    per: list[list[list[int]]] = [[[] for _ in STAGES] for _ in range(8)]
+    for call in range(args.calls + 5):
+        x = torch.randn(rows, args.ctx, device="cuda")
+        rs8_op.launch(x, 1, seq, out, rows, args.ctx, 1, k, lib=lib)
+        torch.cuda.synchronize()
+        assert lib.rs8_read_clocks(ctypes.addressof(host)) == 0
+        if call < 5:
+            continue
+        for b in range(8):
+            t = [host[b * 16 + i] for i in range(10)]
+            for i in range(len(STAGES)):
+                per[b][i].append(t[i + 1] - t[i])
+    print(f"ctx={args.ctx}: median cycles per stage (blocks 0..7)")
+    for i, name in enumerate(STAGES):
+        meds = [int(statistics.median(per[b][i])) for b in range(8)]
+        print(f"{name:26s} " + " ".join(f"{m:7d}" for m in meds))
+
+
+if __name__ == "__main__":
+    main()
