@@ -59,6 +59,12 @@ fi
 wait
 tail -3 "$OUT/vllm_build.log" 2>/dev/null
 if [[ -f "$vb" && ! -f .rs8_vllm_src/prebuilt/rs8vb.so ]]; then cp "$vb" "$OUT/rs8vb.so"; fi
+if [[ " $STEPS " == *" stages "* ]]; then
+  RS8_EXTRA_FLAGS=-DRS8_TIMING kernels/rs8/build.sh /tmp/rs8t 90a >/dev/null 2>&1
+  for c in 112464 191998; do
+    timeout 60 python3 bench/rs8_stage_times.py --lib /tmp/rs8t/librs8.so --ctx "$c"
+  done 2>&1 | tee "$OUT/stages.log"
+fi
 if [[ " $STEPS " == *" ncu "* ]]; then
   timeout 120 ncu --clock-control none -k regex:topk_decode -c 1 --section SpeedOfLight \
     --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \

@@ -57,7 +57,7 @@ static_assert(Plan<512>::kCache == 22928, "cache size changed");
 // Small per-block state.  `list` holds the chunk offsets of the entries that
 // are at or above the cutoff bucket (found by the first refine pass), so later
 // passes and the gather touch ~100 entries instead of the whole chunk.
-constexpr int kListCap = 320;
+constexpr int kListCap = 288;
 #ifdef RS8_TIMING
 // Stage clocks of row 0's blocks (timing build only): [block][stage].
 __device__ long long g_rs8_clock[kCluster][16];
@@ -80,7 +80,7 @@ struct Misc {
   unsigned int nloc;      // this block's selected entries (may exceed kLocalCap)
   unsigned int pad[2];
   unsigned int nq[kCluster];  // every block's nloc
-  unsigned int warp_sums[32];
+  unsigned int gsum[2][32];  // per-pass group sums of the bins (double-buffered)
   unsigned int list[kListCap];
 };
 static_assert(sizeof(Misc) <= 1472, "Misc must fit the plan's misc bytes");
@@ -233,6 +233,22 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   const bool vec = (stride1 == 1) && ((reinterpret_cast<uintptr_t>(chunk) & 15) == 0);
+#ifndef RS8_NO_PREFETCH
+  if (vec) {
+    // Ask L2 for the whole chunk at once (bulk prefetch, no registers or
+    // shared memory); the loads below then mostly hit L2, which lets one SM
+    // pull its chunk much faster than DRAM latency would allow.
+    constexpr int kPiece = 16384;  // bytes per prefetch instruction
+    const int bytes = (n >> 2) * 16;
+    for (int off = tid * kPiece; off < bytes; off += kThreads * kPiece) {
+      const int len = (bytes - off) < kPiece ? (bytes - off) : kPiece;
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(
+                       reinterpret_cast<const char*>(chunk) + off),
+                   "r"(len)
+                   : "memory");
+    }
+  }
+#endif
   if (vec) {
     const float4* src = reinterpret_cast<const float4*>(chunk);
     const int nv = n >> 2;
@@ -289,6 +305,7 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(kThreads, 1)
 
   RS8_MARK(1);  // pass 0 done in this block
   bool redo0 = false;  // pass 0 must be redone counting every key
+  int par = 0;         // pass parity: which group-sum buffer this pass uses
   for (;;) {
     if (redo0) {
       for (int i = tid; i < kBins; i += kThreads) hA[i] = 0;
@@ -345,7 +362,15 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(kThreads, 1)
       }
     }
 
-    // All 8 histograms complete (and every block is done reading hB).
+    // Group sums of this block's histogram (32 groups of 32 bins), published
+    // for the other blocks; double-buffered by pass parity like the bins.
+    __syncthreads();
+    {
+      const unsigned int gs = __reduce_add_sync(0xffffffffu, hA[tid]);
+      if (lane == 0) misc->gsum[par][warp] = gs;
+    }
+    // All histograms and group sums complete (and every block is done
+    // reading the previous pass's buffers).
     cluster.sync();
     RS8_MARK(2);
     if (make_list) {  // the list is complete now (the barrier above orders it)
@@ -353,39 +378,40 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(kThreads, 1)
       use_list = misc->nlist <= static_cast<unsigned int>(kListCap);
     }
 
-    // Sum the cluster's histograms with 16-byte DSMEM reads (4x fewer remote
-    // transactions than one bin per thread) into this block's idle buffer hB:
-    // nobody reads hB remotely any more (every block passed the barrier above).
-    if (tid < kBins / 4) {
-      uint4 parts[CL];
+    // Warp 0 finds the cutoff bin with two small DSMEM rounds: the cluster's
+    // 32 group sums, then the 32 bins of the group holding the cutoff.
+    if (warp == 0) {
+      unsigned int gq[CL];
 #pragma unroll
-      for (int q = 0; q < CL; ++q)
-        parts[q] = reinterpret_cast<const uint4*>(cluster.map_shared_rank(hA, q))[tid];
-      uint4 sum = parts[0];
+      for (int q = 0; q < CL; ++q) gq[q] = cluster.map_shared_rank(&misc->gsum[par][0], q)[lane];
+      unsigned int tg = 0;
 #pragma unroll
-      for (int q = 1; q < CL; ++q) {
-        sum.x += parts[q].x;
-        sum.y += parts[q].y;
-        sum.z += parts[q].z;
-        sum.w += parts[q].w;
+      for (int q = 0; q < CL; ++q) tg += gq[q];
+      const unsigned int ginc = warp_suffix_incl(tg, lane);
+      const unsigned int gabove = ginc - tg;  // keys in groups above this lane's
+      const unsigned int ghit = __ballot_sync(0xffffffffu, gabove < krem && krem <= ginc);
+      if (ghit == 0) {
+        if (lane == 0) misc->cnt = 0;  // fewer than krem keys counted: redo
+      } else {
+        const int g = __ffs(ghit) - 1;
+        const unsigned int base_above = __shfl_sync(0xffffffffu, gabove, g);
+        unsigned int bq[CL];
+#pragma unroll
+        for (int q = 0; q < CL; ++q) bq[q] = cluster.map_shared_rank(hA, q)[32 * g + lane];
+        unsigned int c = 0;
+#pragma unroll
+        for (int q = 0; q < CL; ++q) c += bq[q];
+        const unsigned int binc = warp_suffix_incl(c, lane);
+        const unsigned int above = base_above + (binc - c);
+        if (above < krem && krem <= above + c) {
+          misc->digit = 32 * g + lane;
+          misc->above = above;
+          misc->cnt = c;
+        }
       }
-      reinterpret_cast<uint4*>(hB)[tid] = sum;
     }
     __syncthreads();
-    const unsigned int c = hB[tid];  // thread t owns bin t
-    if (tid == 0) misc->cnt = 0;  // stays 0 if no bin holds the cutoff
-    // Count in bins above bin t (exclusive suffix sum over the block).
-    const unsigned int wincl = warp_suffix_incl(c, lane);
-    if (lane == 0) misc->warp_sums[warp] = wincl;
-    __syncthreads();
-    const unsigned int ws = (lane > warp) ? misc->warp_sums[lane] : 0u;
-    const unsigned int above = __reduce_add_sync(0xffffffffu, ws) + (wincl - c);
-    if (above < krem && krem <= above + c) {
-      misc->digit = tid;
-      misc->above = above;
-      misc->cnt = c;
-    }
-    __syncthreads();
+    par ^= 1;
     const unsigned int cnt = misc->cnt;
     // Swap buffers: the next pass writes the one nobody reads now.
     unsigned int* t = hA;
@@ -500,16 +526,23 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(kThreads, 1)
   RS8_MARK(4);
   const unsigned int nloc = misc->nloc;
   if (nloc <= static_cast<unsigned int>(kLocalCap)) {
-    // Rank sort, 2 threads per entry: S[#greater] = U[e].
-    const unsigned int e = tid >> 1;
-    const unsigned int g2 = tid & 1;
+    // Rank sort, G threads per entry (as many as the block has): S[#greater] = U[e].
+    const unsigned int G = nloc <= 32 ? 32u : nloc <= 64 ? 16u : nloc <= 128 ? 8u
+                                          : nloc <= 256 ? 4u : 2u;
+    const unsigned int e = tid / G;
+    const unsigned int g = tid % G;
     const unsigned long long me = (e < nloc) ? U[e] : 0ull;
-    unsigned int gt = 0;
-    for (unsigned int j = g2; j < nloc; j += 2) gt += (U[j] > me) ? 1u : 0u;
-    gt += __shfl_xor_sync(0xffffffffu, gt, 1);
-    if (g2 == 0 && e < nloc) S[gt] = me;
+    unsigned int gt0 = 0, gt1 = 0;
+    unsigned int j = g;
+    for (; j + G < nloc; j += 2 * G) {
+      gt0 += (U[j] > me) ? 1u : 0u;
+      gt1 += (U[j + G] > me) ? 1u : 0u;
+    }
+    if (j < nloc) gt0 += (U[j] > me) ? 1u : 0u;
+    unsigned int gt = gt0 + gt1;
+    for (unsigned int off = 1; off < G; off <<= 1) gt += __shfl_xor_sync(0xffffffffu, gt, off);
+    if (g == 0 && e < nloc) S[gt] = me;
   }
-
   RS8_MARK(5);  // sorted
   // Every block's sorted list and count are ready; every histogram read is done.
   cluster.sync();
