@@ -170,7 +170,7 @@ def test_seal_then_every_edit_of_the_sealed_part_is_refused(smoke: Path) -> None
     assert sealed.code == 0, sealed.err
     t = load(path)
     assert t["seal"]["hash"].startswith("sha256:") and t["seal"]["time"].endswith("Z")
-    assert path.read_text().startswith("# Trial rc: A = stacks/nocache.toml")
+    assert path.read_text().startswith("# Trial rc: A (current) = stacks/nocache.toml")
     one_line_error(run_frank("trial", "seal", "rc", cwd=smoke), "already sealed")
     original = path.read_text()
     first_arm = t["order"][0]["arm"]
@@ -458,3 +458,13 @@ def test_run_refuses_a_stack_whose_lock_changed_and_a_missing_metric(
     one_line_error(run_frank("trial", "run", "s2", "--workload", workload, cwd=repo),
                    "arms.A.digest", "changed since sealing")
     assert not _results(repo, "s2").exists()
+
+
+def test_example_trials_in_the_repo_are_valid_and_sealed() -> None:
+    from frank.trial.seal import load_sealed
+
+    examples = sorted((Path(__file__).resolve().parent.parent / "trials").glob("*.toml"))
+    assert examples
+    for path in examples:
+        trial, digest = load_sealed(path)
+        assert trial.seal is not None and digest == trial.seal.hash

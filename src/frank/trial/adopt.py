@@ -198,7 +198,27 @@ def adopt(trial_file: Path, into: str, *, rejected: bool = False) -> str:
     write_atomic(stack_file, new_text)
     write_lock(new_lock, lock_path(stack_file))
     write_atomic(hist, old_hist + json.dumps(entry, sort_keys=True) + "\n")
+    stale = _stale_locks(root, change.part, stack_file)
+    note = (f"; {len(stale)} other lock(s) list {change.part} with its old manifest "
+            f"({', '.join(stale)}): run `frank lock` on them (digests are unchanged)"
+            if stale else "")
     return (f"{trial.name}: adopt ({decision.outcome.statistic}, p = "
             f"{decision.outcome.p_exact}); {change.part} {change.action} into "
             f"{stack_file.relative_to(root)}; digest {old_lock.digest[:19]} -> "
-            f"{new_lock.digest[:19]}")
+            f"{new_lock.digest[:19]}{note}")
+
+
+def _stale_locks(root: Path, part: str, served: Path) -> list[str]:
+    """Lock files (other than the served stack's) that hold ``part``: their manifest hash
+    and status are now out of date, though the status is not in any digest."""
+    out = []
+    for lock in sorted((root / "stacks").glob("*.lock")):
+        if lock == lock_path(served):
+            continue
+        try:
+            data = json.loads(lock.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            continue
+        if any(p.get("name") == part for p in data.get("parts", [])):
+            out.append(lock.relative_to(root).as_posix())
+    return out

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from frank.errors import FrankError
 from frank.fsutil import find_repo_root
+from frank.kinds.base import check_slug
 from frank.project import lock_stack
 from frank.tomlio import validation_to_error
 from frank.trial.design import Direction, Kind, draw_order, rule_text
@@ -25,6 +26,10 @@ def plan(a: str, b: str, *, name: str, metric: str, label: str | None, direction
          kind: Kind, blocks: int | None, alpha: float, seed: int | None,
          starts_per_arm: int | None, seal: bool, root: Path | None = None) -> Path:
     """Write ``trials/NAME.toml`` (and seal it when asked); returns its path."""
+    try:
+        check_slug(name)
+    except ValueError as exc:
+        raise FrankError(str(exc), field="--name") from None
     path = trial_path(name, root)
     if path.exists():
         raise FrankError("trial file already exists; a plan is written once (pick a new name)",
@@ -71,7 +76,7 @@ def plan(a: str, b: str, *, name: str, metric: str, label: str | None, direction
         "order": [{"start": s.index, "block": s.block, "arm": s.arm} for s in order],
     }
     trial = validate_trial(raw, path)
-    header = (f"Trial {name}: A = {a} (current), B = {b} (candidate).\n"
+    header = (f"Trial {name}: A (current) = {a}, B (candidate) = {b}.\n"
               "Written by `frank trial plan` before any start; `frank trial seal` fixes it.")
     write_trial(path, trial, header)
     if seal:
