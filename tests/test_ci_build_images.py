@@ -53,7 +53,7 @@ def make_repo(dest: Path) -> Path:
 
 
 def run_ci(root: Path, *args: str, cache: Path, registry: str | None,
-           timeout: float = 1500) -> Run:
+           timeout: float = 1500, extra_env: dict[str, str] | None = None) -> Run:
     """Run the copy's ci/build-images as the workflow does; read its summary.tsv."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("FRANK_REGISTRY", "FRANK_BUILDER", "FRANK_ONLY_DAEMONLESS",
@@ -61,6 +61,7 @@ def run_ci(root: Path, *args: str, cache: Path, registry: str | None,
     env.update(FRANK_CACHE=str(cache), FRANK_PYTHON=sys.executable)
     if registry is not None:
         env["FRANK_REGISTRY"] = registry
+    env.update(extra_env or {})
     proc = subprocess.run([str(root / "ci" / "build-images"), *args], cwd=root, env=env,
                           capture_output=True, text=True, timeout=timeout)
     summary: dict[str, dict[str, str]] = {}
@@ -215,12 +216,34 @@ def test_stale_lock_fails(tmp_path: Path) -> None:
 
 def test_require_all_fails_on_plan_only_stacks(tmp_path: Path) -> None:
     root = make_repo(tmp_path / "repo")
+    job_summary = tmp_path / "step-summary.md"
     run = run_ci(root, "--only-daemonless", "--require-all", "served", cache=tmp_path / "cache",
-                 registry="127.0.0.1:9/frank-ci")
+                 registry="127.0.0.1:9/frank-ci",
+                 extra_env={"GITHUB_STEP_SUMMARY": str(job_summary)})
     assert run.code == 1, run.err
     assert "error: served (stacks/served.toml): plan + context only" in run.err
     assert "--require-all was given" in run.err
     no_traceback(run.err)
+    # The GitHub job summary gets the same table, as markdown.
+    table = job_summary.read_text()
+    assert "| stack | status | lock | image | detail |" in table
+    row = f"| served | plan-only | {lock_digest(root, 'served')} | - | plan + context only"
+    assert row in table, table
+
+
+def test_builder_none_writes_every_plan_and_pushes_nothing(tmp_path: Path) -> None:
+    root = make_repo(tmp_path / "repo")
+    run = run_ci(root, cache=tmp_path / "cache", registry=None,
+                 extra_env={"FRANK_BUILDER": "none"})
+    assert run.code == 0, run.err
+    assert {r["status"] for r in run.summary.values()} == {"plan-only"}
+    assert set(run.summary) == {p.stem for p in (root / "stacks").glob("*.toml")}
+    for stack in run.summary:
+        cout = root / "out" / "ci" / stack / "compose"
+        assert (cout / "plan.json").is_file() and (cout / "context" / "Dockerfile").is_file()
+        assert (cout / "frank.lock").read_text() == (root / "stacks" / f"{stack}.lock").read_text()
+        assert not (cout / "image").exists()
+    assert "0 of 3 stacks built and checked; 3 plan + context only" in run.err
 
 
 @pytest.mark.parametrize(("args", "registry", "message"), [
