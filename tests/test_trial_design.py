@@ -126,3 +126,56 @@ def test_orders_are_seeded_balanced_and_cover_the_70_orders() -> None:
     assert len(seen) == math.comb(8, 4) == 70
     assert all(o.count("A") == 4 for o in seen)
     assert max(seen.values()) < 160  # ~100 each: uniform enough, not a few favourites
+
+
+def _brute_force_rank(a: list[float], b: list[float]) -> Fraction:
+    """Every relabelling of the pooled values, U counted pair by pair (ties 1/2)."""
+    values = [*a, *b]
+
+    def u(idx: tuple[int, ...]) -> float:
+        bs = [values[i] for i in idx]
+        as_ = [values[i] for i in range(len(values)) if i not in idx]
+        return sum(1.0 if x < y else 0.5 if x == y else 0.0 for x in bs for y in as_)
+
+    observed = u(tuple(range(len(a), len(values))))
+    combos = list(itertools.combinations(range(len(values)), len(b)))
+    return Fraction(sum(1 for c in combos if u(c) >= observed), len(combos))
+
+
+def test_rank_and_permutation_counts_equal_brute_force_on_random_data_with_ties() -> None:
+    import random
+
+    rng = random.Random(11)
+    for _ in range(60):
+        n_a, n_b = rng.randint(1, 5), rng.randint(1, 5)
+        grid = [rng.choice([1.0, 1.5, 2.0, 2.5, 3.0]) for _ in range(n_a + n_b)]  # many ties
+        a, b = grid[:n_a], grid[n_a:]
+        assert Fraction(rank_test(a, b, "lower", 0.05).p_exact) == _brute_force_rank(a, b)
+        flipped = [-x for x in a], [-x for x in b]
+        assert rank_test(a, b, "higher", 0.05).p_exact == \
+            rank_test(*flipped, "lower", 0.05).p_exact
+        n = rng.randint(1, 9)
+        pairs = [(rng.choice([1.0, 2.0, 3.0]), rng.choice([1.0, 2.0, 3.0])) for _ in range(n)]
+        d = [x - y for x, y in pairs]
+        assert Fraction(permutation_test(pairs, "lower", 0.05).p_exact) == \
+            _brute_force_permutation(d)
+
+
+def test_large_designs_stay_exact_and_fast() -> None:
+    import time
+
+    t0 = time.monotonic()
+    out = permutation_test([(2.0, 1.0 + i / 1000) for i in range(30)], "lower", 0.05)
+    assert out.p_exact == f"1/{2**30}"
+    big = rank_test([float(i) for i in range(20, 40)], [float(i) for i in range(20)],
+                    "lower", 0.05)
+    assert big.p_exact == f"1/{math.comb(40, 20)}" and big.passed
+    assert time.monotonic() - t0 < 10
+
+
+def test_all_blocks_rule_is_stricter_than_the_sign_test_p_alone() -> None:
+    # 7 of 8 blocks better: p = (C(8,7) + 1) / 256 = 9/256 < 0.05, but the rule written
+    # before the trial was "better in all 8 blocks", so it does not pass.
+    out = sign_test([(2.0, 1.0)] * 7 + [(1.0, 2.0)], "lower", 0.05)
+    assert out.p_exact == "9/256" and out.p_value < 0.05
+    assert not out.passed
