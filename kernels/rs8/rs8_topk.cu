@@ -91,7 +91,8 @@ __device__ __forceinline__ unsigned int to_key(unsigned int u) {
   // Deliberately wrong build for the test suite: -0.0 collapses onto +0.0.
   if (u == 0x80000000u) u = 0u;
 #endif
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  // Negative: flip every bit; non-negative: set the sign bit (branch-free).
+  return u ^ (static_cast<unsigned int>(static_cast<int>(u) >> 31) | 0x80000000u);
 }
 
 __device__ __forceinline__ float load_f(const float* p) { return __ldg(p); }
@@ -131,6 +132,16 @@ __device__ __forceinline__ void count_high(unsigned int* h, unsigned int k) {
   const unsigned int b = bucket(k);
   if (b > kLowMax) atomicAdd(&h[b], 1u);
 }
+// Same as count_high(h, to_key(u)) straight from the float bits u, in a few
+// instructions: bucket > 512 exactly when u, as a signed int, is at least
+// 0x38880000 (a positive float with (u >> 19) - 1808 >= 1), and then
+// bucket = 512 + min((u >> 19) - 1808, 511).
+__device__ __forceinline__ void count_high_bits(unsigned int* h, unsigned int u) {
+  if (static_cast<int>(u) >= 0x38880000) {
+    const unsigned int b = (u >> 19) - 1296u;
+    atomicAdd(&h[b < 1023u ? b : 1023u], 1u);
+  }
+}
 
 __device__ __forceinline__ void store_and_count(float4 q, int i, unsigned int* cache,
                                                 unsigned int* h, int cap) {
@@ -143,10 +154,10 @@ __device__ __forceinline__ void store_and_count(float4 q, int i, unsigned int* c
 #ifdef RS8_P0_NOHIST
   return;  // timing variant only: load + cache without the histogram
 #endif
-  count_high(h, kk.x);
-  count_high(h, kk.y);
-  count_high(h, kk.z);
-  count_high(h, kk.w);
+  count_high_bits(h, __float_as_uint(q.x));
+  count_high_bits(h, __float_as_uint(q.y));
+  count_high_bits(h, __float_as_uint(q.z));
+  count_high_bits(h, __float_as_uint(q.w));
 }
 
 // Key of chunk entry i: from the shared-memory cache, or re-read (tail).
@@ -233,7 +244,7 @@ __global__ void __cluster_dims__(CL, 1, 1) __launch_bounds__(kThreads, 1)
   __syncthreads();
 
   const bool vec = (stride1 == 1) && ((reinterpret_cast<uintptr_t>(chunk) & 15) == 0);
-#ifndef RS8_NO_PREFETCH
+#ifdef RS8_PREFETCH  // measured no gain on the H200 (NOTES.md): off by default
   if (vec) {
     // Ask L2 for the whole chunk at once (bulk prefetch, no registers or
     // shared memory); the loads below then mostly hit L2, which lets one SM
