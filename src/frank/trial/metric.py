@@ -79,6 +79,8 @@ def parse(text: str) -> Expr:
             number = float(val)
             return lambda d, w: number
         if kind == "name":
+            if val.startswith("json:"):
+                raise MetricError(f"{text!r}: json: needs a key (json:KEY)")
             series.append(val)
             return lambda d, w: _get(d, val, "Prometheus series")
         if kind == "json":
