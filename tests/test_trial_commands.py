@@ -468,3 +468,33 @@ def test_example_trials_in_the_repo_are_valid_and_sealed() -> None:
     for path in examples:
         trial, digest = load_sealed(path)
         assert trial.seal is not None and digest == trial.seal.hash
+
+
+def test_adopt_a_version_change_and_revert_back(repo: Path) -> None:
+    # Served today: the published expert plan (a child of served.toml); the candidate moves
+    # it to the plan built from their own traffic (served.toml itself).
+    (repo / "stacks/published.toml").write_text(
+        '# served with the published expert plan\nextends = "served.toml"\n\n'
+        '[replace]\nexpert-plan = "published"  # the plan shipped with the pack\n')
+    r = run_frank("trial", "plan", "stacks/published.toml", "served", "--name", "plan",
+                  "--metric", "json:verify_step_ms", "--direction", "lower", "--blocks", "5",
+                  "--seed", "1", "--seal", cwd=repo)
+    assert r.code == 0, r.err
+    rows = rows_for(repo, "plan", {"A": [14.4, 14.5, 14.4, 14.6, 14.4],
+                                   "B": [14.05, 14.1, 14.0, 14.2, 14.1]})
+    assert run_frank("trial", "record", "plan", str(write_json(repo / "m.json", rows)),
+                     cwd=repo).code == 0
+    d = digests(repo, "plan")
+    out = run_frank("trial", "adopt", "plan", "--into", "stacks/published.toml", cwd=repo)
+    assert out.code == 0, out.err
+    text = (repo / "stacks/published.toml").read_text()
+    assert text.startswith("# served with the published expert plan") and "replace" not in text
+    assert json.loads((repo / "stacks/published.lock").read_text())["digest"] == d["B"]
+    m = load(repo / "parts/expert-plan/own-traffic.toml")
+    assert m["status"] == "served" and "(-2.56%)" in m["evidence"]["result"]
+    assert m["revert"]["to"] == "published"
+    hist = json.loads((repo / "stacks/published.history.jsonl").read_text().splitlines()[-1])
+    assert hist["action"] == "adopt:version" and hist["from"] == "published"
+    back = run_frank("revert", "expert-plan", "--stack", "stacks/published.toml", cwd=repo)
+    assert back.code == 0, back.err
+    assert json.loads((repo / "stacks/published.lock").read_text())["digest"] == d["A"]

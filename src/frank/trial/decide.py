@@ -54,8 +54,8 @@ class Decision:
 
     def summary(self) -> str:
         """The one-line result for a manifest's evidence."""
-        rel = f", {self.mean.rel * 100:+.2f}%" if self.mean.rel is not None else ""
-        return (f"{self.metric}: A {self.mean.a:.6g} -> B {self.mean.b:.6g} (mean{rel}); "
+        rel = f" ({self.mean.rel * 100:+.2f}%)" if self.mean.rel is not None else ""
+        return (f"{self.metric}: mean A {self.mean.a:.6g} -> B {self.mean.b:.6g}{rel}; "
                 f"{self.outcome.statistic}; p = {self.outcome.p_exact} "
                 f"({self.outcome.p_value:.4g}); {self.verdict}")
 
