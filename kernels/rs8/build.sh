@@ -3,6 +3,7 @@
 # SM architectures, then prove the result holds machine code for each of them.
 #
 #   kernels/rs8/build.sh [OUT_DIR] [ARCHS]      ARCHS default: "120 90a"
+#                                               ("sm_120 sm_90a" or "12.0 9.0a" also work)
 #   RS8_EXTRA_FLAGS=-DRS8_BREAK kernels/rs8/build.sh /tmp/broken   # wrong build for tests
 #
 # Needs nvcc (>= 12.8 for sm_120) and cuobjdump (PATH, or CUOBJDUMP=/path; pip
@@ -10,7 +11,8 @@
 set -euo pipefail
 if [[ "${1:-}" == "--check" ]]; then
   # kernels/rs8/build.sh --check LIB "ARCHS": only the machine-code check.
-  lib="$2"; archs="${3:-120 90a}"
+  lib="$2"; archs=""
+  for a in ${3:-120 90a}; do a="${a#sm_}"; a="${a#compute_}"; archs+="${a//./} "; done
   elfs="$("${CUOBJDUMP:-cuobjdump}" --list-elf "$lib")"
   for a in $archs; do
     grep -q "sm_${a}\b" <<<"$elfs" || { echo "rs8 check: no sm_${a} code in $lib" >&2; exit 1; }
@@ -20,7 +22,11 @@ if [[ "${1:-}" == "--check" ]]; then
 fi
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 out="${1:-$here/build}"
-archs="${2:-120 90a}"
+archs=""
+for a in ${2:-120 90a}; do  # normalise sm_120 / compute_120 / 12.0 to 120
+  a="${a#sm_}"; a="${a#compute_}"; a="${a//./}"
+  archs+="$a "
+done
 nvcc="${NVCC:-nvcc}"
 cuobjdump="${CUOBJDUMP:-cuobjdump}"
 mkdir -p "$out"
