@@ -498,3 +498,35 @@ def test_adopt_a_version_change_and_revert_back(repo: Path) -> None:
     back = run_frank("revert", "expert-plan", "--stack", "stacks/published.toml", cwd=repo)
     assert back.code == 0, back.err
     assert json.loads((repo / "stacks/published.lock").read_text())["digest"] == d["A"]
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if text in (p / "cmdline").read_bytes().decode(errors="replace"):
+                    out.append(int(p.name))
+            except OSError:
+                continue
+    return out
+
+
+def test_failing_workload_is_a_crash_and_keep_going_records_every_start(
+        fake: tuple[Path, Path]) -> None:
+    repo, tmp = fake
+    r = run_frank("trial", "plan", "stacks/fake-a.toml", "stacks/fake.toml", "--name", "w",
+                  "--metric", "fake_work_seconds_sum", "--direction", "lower", "--blocks", "5",
+                  "--seal", cwd=repo)
+    assert r.code == 0, r.err
+    out = run_frank("trial", "run", "w", "--keep-going", "--no-progress", "--workload",
+                    "echo boom >&2; exit 3", cwd=repo)
+    assert out.code == 1 and "ran 10 start(s), 10 crashed" in out.out, out.err
+    recs = [json.loads(x) for x in _results(repo, "w").read_text().splitlines()]
+    assert [x["start"] for x in recs] == list(range(1, 11))
+    assert all(x["status"] == "crash" and x["error"] == "workload exited with code 3: boom"
+               for x in recs)
+    assert all(x["ready"] is not None for x in recs)  # the engine was up each time
+    assert _processes_mentioning(str(tmp / "fake_engine.py")) == []  # every engine stopped
+    log = (repo / "trials/w.logs/start-001.workload.log").read_text()
+    assert "boom" in log

@@ -120,6 +120,7 @@ def test_region_cache_trial_on_vllm_cpu(tmp_path: Path) -> None:
     assert proc.returncode == 0, (proc.stderr[-3000:], _log_tails(logs))
     print(f"trial run: 6 starts in {elapsed:.1f} s")
 
+    assert not _processes_mentioning(str(tmp_path / "hub")), "an engine outlived its start"
     records = [json.loads(x) for x in
                (repo / "trials/region-cache.results.jsonl").read_text().splitlines()]
     # The sealed order was followed: the same starts, arms and digests, one after another.
@@ -151,11 +152,15 @@ def test_region_cache_trial_on_vllm_cpu(tmp_path: Path) -> None:
 
     # Tampering with the sealed rule after results exist is refused ...
     text = trial_file.read_text()
+    for field, old, new in (("design.alpha", "alpha = 0.05", "alpha = 0.5"),
+                            ("design.rule", "for every B start than for every A start",
+                             "for most B starts than for most A starts")):
+        assert old in text
+        trial_file.write_text(text.replace(old, new))
+        refused = frank("trial", "decide", "region-cache", cwd=repo)
+        assert refused.code == 2 and refused.err.count("\n") == 1, refused.err
+        assert field in refused.err and "trials/region-cache.toml" in refused.err
     trial_file.write_text(text.replace("alpha = 0.05", "alpha = 0.5"))
-    refused = frank("trial", "decide", "region-cache", cwd=repo)
-    assert refused.code == 2
-    assert refused.err.count("\n") == 1 and "design.alpha" in refused.err, refused.err
-    assert "trials/region-cache.toml" in refused.err
     # ... and so is re-sealing the edited rule: the results were recorded under the old seal.
     body = trial_file.read_text().split("\n# Sealed:")[0]
     trial_file.write_text(body + "\n")
@@ -175,3 +180,16 @@ def _log_tails(logs: Path) -> str:
         return "(no logs)"
     return "\n".join(f"== {p.name}\n{p.read_text(errors='replace')[-1500:]}"
                      for p in sorted(logs.glob("*.log")))
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    """Live processes whose command line mentions ``text`` (the test's own hub path)."""
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if text in (p / "cmdline").read_bytes().decode(errors="replace"):
+                    out.append(int(p.name))
+            except OSError:
+                continue
+    return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import click
@@ -81,6 +82,8 @@ def run(name: str, workload: str, ready_timeout: float, workload_timeout: float,
     new = run_trial(trial_path(name), opts, progress=not no_progress)
     crashed = sum(1 for r in new if r.status == "crash")
     click.echo(f"ran {len(new)} start(s), {crashed} crashed")
+    if crashed:  # --keep-going: all recorded, but the trial cannot be decided as it stands
+        sys.exit(1)
 
 
 @trial.command()
