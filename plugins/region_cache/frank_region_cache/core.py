@@ -189,9 +189,9 @@ class RegionCache:
                     self.stats.miss_tokens += len(packed)
                     self._put(regions[i], packed)
         out: list[int] = []
-        for ids in found:
-            assert ids is not None
-            out.extend(ids)
+        for piece in found:
+            assert piece is not None
+            out.extend(piece)
         return out
 
     def _put(self, key: str, ids: array.array[int]) -> None:

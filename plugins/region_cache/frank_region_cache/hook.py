@@ -116,8 +116,8 @@ class Hook:
         key = id(tokenizer)
         with self._lock:
             if key in self._caches:
-                tc = self._caches[key]
-                return tc if tc is not None and tc.tokenizer is tokenizer else None
+                known = self._caches[key]
+                return known if known is not None and known.tokenizer is tokenizer else None
         tc: TokenizerCache | None
         try:
             tc = TokenizerCache(tokenizer, self.settings)
@@ -368,6 +368,6 @@ def _register_metrics(hook: Hook) -> None:
                 )
 
     try:
-        REGISTRY.register(_Collector())  # type: ignore[arg-type]
+        REGISTRY.register(_Collector())
     except Exception:
         log.debug("frank_region_cache: metrics not registered", exc_info=True)
