@@ -5,19 +5,19 @@
 // (+0.0 above -0.0, positive NaN above +inf, negative NaN below -inf), then
 // lower position first.  The output is therefore a pure function of the input.
 //
-// Design: one thread-block cluster of 8 blocks per row.  Each block owns one
-// contiguous eighth of the row, keeps up to kCache keys of it in shared memory
-// (the rest, the "tail", is re-read from global memory / L2 on every pass) and
-// builds 1024-bin radix histograms of its keys.  The 8 histograms are summed
-// through distributed shared memory (DSMEM); every block computes the same
-// cutoff digit from the sum, so one cluster barrier per pass suffices (the two
-// histogram buffers alternate).  Passes run over the 32 key bits and, only when
-// keys tie at the cutoff, over the bits of the inverted position, so the cutoff
-// is one unique (key, position) pair and exactly k entries are selected.  The
-// selected entries are broadcast to every block through DSMEM, and each block
-// ranks an eighth of them by counting, writing each index straight into its
-// final slot.  No host sync, no allocation, no global scratch: a single launch
-// that CUDA graphs can capture.
+// Design (README.md has the long form): one thread-block cluster of 8 blocks
+// per row (4 or 2 when there are too many rows for one wave).  Each block owns
+// a contiguous slice of the row and keeps up to kCache keys of it in shared
+// memory (the rest, the "tail", is re-read from L2 when needed).  Pass 0 builds
+// a 1024-bin histogram of a coarse monotone bucket of the keys; the cluster
+// finds the bucket holding the k-th key from 32 group sums and 32 bins read
+// through distributed shared memory (DSMEM).  Normally every entry at or above
+// that bucket is then a candidate; otherwise radix passes over the open key
+// range (and, on exact ties, over inverted positions) narrow the cut to exactly
+// k entries.  Each block sorts its own candidates as (key, ~position)
+// composites, pulls the other blocks' sorted lists through DSMEM, and writes
+// each index at its rank.  No host sync, no allocation, no global scratch: a
+// single launch that CUDA graphs can capture.
 //
 // One source for sm_90a (H100/H200) and sm_120 (RTX 50xx): shared memory per
 // block stays under SM120's 99 KB opt-in limit.
