@@ -256,6 +256,8 @@ def test_balanced_four_plus_four_decides_one_in_70(smoke: Path) -> None:
                      cwd=smoke).code == 0
     d = json.loads(run_frank("trial", "decide", "bal", "--json", cwd=smoke).out)
     assert d["p_exact"] == "1/70" and d["verdict"] == "adopt"
+    assert d["ranges"] == {"A": [6.64, 6.93], "B": [1.16, 1.23]}
+    assert "range 6.64-6.93 -> 1.16-1.23" in d["summary"]
     assert d["mean"]["rel"] == pytest.approx((1.195 - 6.77) / 6.77)
 
 

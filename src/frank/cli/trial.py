@@ -72,7 +72,12 @@ def seal(name: str) -> None:
 @click.option("--no-progress", is_flag=True, help="No progress bar (logs, CI).")
 def run(name: str, workload: str, ready_timeout: float, workload_timeout: float,
         stop_timeout: float, keep_going: bool, no_progress: bool) -> None:
-    """Run the sealed order: serve each start's stack, run the workload, record it."""
+    """Run the sealed order: serve each start's stack, run the workload, record it.
+
+    The workload runs once per start with FRANK_TRIAL_BASE_URL, OPENAI_BASE_URL,
+    FRANK_TRIAL_ARM, FRANK_TRIAL_BLOCK and FRANK_TRIAL_START set. Starts already recorded
+    are skipped, so running again resumes after a crash.
+    """
     from frank.trial.model import trial_path
     from frank.trial.run import RunOptions, run_trial
 

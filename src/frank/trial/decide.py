@@ -46,6 +46,7 @@ class Decision:
     mean: Row
     outcome: Outcome
     crashed_starts: int
+    ranges: tuple[tuple[float, float], tuple[float, float]]  # (min, max) of A, then of B
 
     @property
     def verdict(self) -> str:
@@ -55,7 +56,9 @@ class Decision:
     def summary(self) -> str:
         """The one-line result for a manifest's evidence."""
         rel = f" ({self.mean.rel * 100:+.2f}%)" if self.mean.rel is not None else ""
-        return (f"{self.metric}: mean A {self.mean.a:.6g} -> B {self.mean.b:.6g}{rel}; "
+        (a_lo, a_hi), (b_lo, b_hi) = self.ranges
+        return (f"{self.metric}: mean A {self.mean.a:.6g} -> B {self.mean.b:.6g}{rel}, "
+                f"range {a_lo:.6g}-{a_hi:.6g} -> {b_lo:.6g}-{b_hi:.6g}; "
                 f"{self.outcome.statistic}; p = {self.outcome.p_exact} "
                 f"({self.outcome.p_value:.4g}); {self.verdict}")
 
@@ -67,7 +70,9 @@ class Decision:
                 "mean": asdict(self.mean), "p_value": self.outcome.p_value,
                 "p_exact": self.outcome.p_exact, "statistic": self.outcome.statistic,
                 "passed": self.outcome.passed, "verdict": self.verdict,
-                "crashed_starts": self.crashed_starts, "summary": self.summary()}
+                "crashed_starts": self.crashed_starts, "ranges": {"A": list(self.ranges[0]),
+                                                                  "B": list(self.ranges[1])},
+                "summary": self.summary()}
 
 
 def match_results(trial: Trial, digest: str, records: list[StartRecord], path: Path
@@ -135,14 +140,11 @@ def decide(trial: Trial, digest: str, records: list[StartRecord], path: Path) ->
     ok = match_results(trial, digest, records, path)
     d = trial.design
     direction = trial.metric.direction
-    value = {n: r.value for n, r in ok.items()}
+    value = {n: r.value for n, r in ok.items() if r.value is not None}  # all, by matching
     rows: list[Row] = []
     if d.kind == "balanced":
-        a_vals = [value[s.start] for s in trial.order if s.arm == "A"]
-        b_vals = [value[s.start] for s in trial.order if s.arm == "B"]
-        assert all(v is not None for v in (*a_vals, *b_vals))
-        a_f = [float(v) for v in a_vals if v is not None]
-        b_f = [float(v) for v in b_vals if v is not None]
+        a_f = [value[s.start] for s in trial.order if s.arm == "A"]
+        b_f = [value[s.start] for s in trial.order if s.arm == "B"]
         for s in trial.order:
             v = value[s.start]
             rows.append(Row(f"start {s.start}", v if s.arm == "A" else None,
@@ -155,7 +157,6 @@ def decide(trial: Trial, digest: str, records: list[StartRecord], path: Path) ->
         for block in range(1, d.blocks + 1):
             by_arm = {s.arm: value[s.start] for s in trial.order if s.block == block}
             a, b = by_arm["A"], by_arm["B"]
-            assert a is not None and b is not None
             pairs.append((a, b))
             rows.append(Row(f"block {block}", a, b, b - a, _rel(a, b)))
         test = sign_test if d.kind == "blocks" else permutation_test
@@ -164,11 +165,15 @@ def decide(trial: Trial, digest: str, records: list[StartRecord], path: Path) ->
         mean = Row("mean", fmean(a for a, _ in pairs), fmean(b for _, b in pairs),
                    fmean(b - a for a, b in pairs), fmean(rels) if rels else None)
     crashes = sum(1 for r in records if r.status == "crash")
+    arm_values = {arm: [value[s.start] for s in trial.order if s.arm == arm]
+                  for arm in ("A", "B")}
+    ranges = ((min(arm_values["A"]), max(arm_values["A"])),
+              (min(arm_values["B"]), max(arm_values["B"])))
     design = {"blocks": f"randomized blocks, {d.blocks} blocks, one start per arm per block",
               "balanced": f"{d.starts_per_arm} + {d.starts_per_arm} starts in a balanced order",
               "permutation": f"within-block permutation test, {d.blocks} blocks"}[d.kind]
     return Decision(trial.name, digest, design, d.rule, trial.metric.label, direction,
-                    d.alpha, rows, mean, outcome, crashes)
+                    d.alpha, rows, mean, outcome, crashes, ranges)
 
 
 def decide_file(trial_file: Path) -> Decision:
@@ -203,6 +208,8 @@ def render(decision: Decision) -> None:
     console.print(table)
     o = decision.outcome
     console.print(f"metric: {decision.metric} ({decision.direction} is better)", highlight=False)
+    (a_lo, a_hi), (b_lo, b_hi) = decision.ranges
+    console.print(f"range: A {a_lo:.6g}-{a_hi:.6g}, B {b_lo:.6g}-{b_hi:.6g}", highlight=False)
     console.print(f"rule: {decision.rule}", highlight=False)
     console.print(f"{o.statistic}; p = {o.p_exact} = {o.p_value:.6g} (alpha {decision.alpha:g})",
                   highlight=False)
