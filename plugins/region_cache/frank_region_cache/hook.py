@@ -336,6 +336,11 @@ def install() -> Hook | None:
         if hook is not None:
             _register_metrics(hook)
             _HOOK = hook
+            if os.environ.get("VLLM_USE_RUST_FRONTEND", "0") not in ("", "0"):
+                log.error(
+                    "frank_region_cache: VLLM_USE_RUST_FRONTEND is set; the Rust front end "
+                    "does not tokenize through BaseRenderer, so the cache will see no requests"
+                )
         return _HOOK
 
 
