@@ -191,6 +191,10 @@ def test_seal_then_every_edit_of_the_sealed_part_is_refused(smoke: Path) -> None
                     ("record", "rc", "nothing.csv")):
             one_line_error(run_frank("trial", *cmd, cwd=smoke), "trials/rc.toml", field,
                            "after sealing")
+    moved = original.replace(t["seal"]["time"], "2026-01-01T00:00:00.000000Z")
+    path.write_text(moved)
+    one_line_error(run_frank("trial", "decide", "rc", cwd=smoke), "seal.hash",
+                   "does not match the sealed")
     path.write_text(original)
     one_line_error(run_frank("trial", "decide", "rc", cwd=smoke), "missing block")
 

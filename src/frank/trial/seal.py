@@ -40,9 +40,10 @@ def field_hashes(trial: Trial) -> dict[str, str]:
     return {k: sha256_json(v) for k, v in sorted(_leaves(sealed_content(trial), "").items())}
 
 
-def content_hash(trial: Trial) -> str:
-    """The trial digest: ``sha256:`` of the canonical JSON of the sealed content."""
-    return "sha256:" + sha256_json(sealed_content(trial))
+def content_hash(trial: Trial, sealed_at: str) -> str:
+    """The trial digest: ``sha256:`` of the canonical JSON of the sealed content and the
+    seal time (so the time cannot be moved either)."""
+    return "sha256:" + sha256_json({"content": sealed_content(trial), "sealed_at": sealed_at})
 
 
 def utc_now() -> str:
@@ -58,8 +59,9 @@ def seal_file(path: Path) -> Trial:
                          file=path, field="seal")
     doc = tomlkit.parse(path.read_text(encoding="utf-8"))
     seal = tomlkit.table()
-    seal["hash"] = content_hash(trial)
-    seal["time"] = utc_now()
+    now = utc_now()
+    seal["hash"] = content_hash(trial, now)
+    seal["time"] = now
     fields = tomlkit.table()
     fields.update(field_hashes(trial))
     seal["fields"] = fields
@@ -89,7 +91,7 @@ def verify(trial: Trial, path: Path) -> str:
         raise FrankError("trial is not sealed: run `frank trial seal` before running or "
                          "deciding it", file=path, field="seal")
     _compare(field_hashes(trial), trial.seal.fields, path)
-    digest = content_hash(trial)
+    digest = content_hash(trial, trial.seal.time)
     if digest != trial.seal.hash:
         raise FrankError(f"content hash {digest} does not match the sealed {trial.seal.hash}",
                          file=path, field="seal.hash")
