@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import sys
 import tomllib
 from pathlib import Path
@@ -511,7 +512,8 @@ def _processes_mentioning(text: str) -> list[int]:
     for p in Path("/proc").iterdir():
         if p.name.isdigit():
             try:
-                if text in (p / "cmdline").read_bytes().decode(errors="replace"):
+                argv = (p / "cmdline").read_bytes().replace(b"\0", b" ")
+                if text in argv.decode(errors="replace"):
                     out.append(int(p.name))
             except OSError:
                 continue
@@ -536,3 +538,17 @@ def test_failing_workload_is_a_crash_and_keep_going_records_every_start(
     assert _processes_mentioning(str(tmp / "fake_engine.py")) == []  # every engine stopped
     log = (repo / "trials/w.logs/start-001.workload.log").read_text()
     assert "boom" in log
+
+
+def test_workload_past_its_timeout_is_a_crash_and_leaves_nothing_running(
+        fake: tuple[Path, Path]) -> None:
+    repo, _ = fake
+    r = run_frank("trial", "plan", "stacks/fake-a.toml", "stacks/fake.toml", "--name", "t",
+                  "--metric", "fake_work_seconds_sum", "--direction", "lower", "--blocks", "5",
+                  "--seal", cwd=repo)
+    assert r.code == 0, r.err
+    marker = f"sleep 300.{os.getpid()}"  # a command line only this test runs
+    out = run_frank("trial", "run", "t", "--no-progress", "--workload-timeout", "1",
+                    "--workload", f"{marker} & {marker}", cwd=repo)
+    one_line_error(out, "start 1", "workload ran past 1 s", after_progress=True)
+    assert _processes_mentioning(marker) == []

@@ -188,7 +188,8 @@ def _processes_mentioning(text: str) -> list[int]:
     for p in Path("/proc").iterdir():
         if p.name.isdigit():
             try:
-                if text in (p / "cmdline").read_bytes().decode(errors="replace"):
+                argv = (p / "cmdline").read_bytes().replace(b"\0", b" ")
+                if text in argv.decode(errors="replace"):
                     out.append(int(p.name))
             except OSError:
                 continue

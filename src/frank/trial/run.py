@@ -116,6 +116,30 @@ def scrape(base_url: str) -> dict[str, float]:
         return parse_prometheus(resp.read().decode("utf-8", "replace"))
 
 
+def run_workload(command: str, env: dict[str, str], cwd: Path, timeout: float
+                 ) -> subprocess.CompletedProcess[str] | None:
+    """Run the workload in its own process group; None if it ran past ``timeout``.
+
+    Why a group: a shell command's children would otherwise outlive a timeout (and keep
+    its output pipes open), hitting the next start's engine.
+    """
+    proc = subprocess.Popen(command, shell=True, cwd=cwd, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return None
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
+
+
 def _tail(path: Path) -> str:
     lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
     return lines[-1][:300] if lines else "(empty log)"
@@ -167,11 +191,8 @@ def run_start(start: Start, lock: dict[str, Any], expr: Expr, opts: RunOptions, 
                "OPENAI_BASE_URL": base_url + "/v1", "FRANK_TRIAL_ARM": start.arm,
                "FRANK_TRIAL_BLOCK": str(start.block), "FRANK_TRIAL_START": str(start.index),
                "FRANK_TRIAL_STACK": stack}
-        try:
-            work = subprocess.run(opts.workload, shell=True, cwd=root, env=env,
-                                  capture_output=True, text=True, timeout=opts.workload_timeout,
-                                  stdin=subprocess.DEVNULL, check=False)
-        except subprocess.TimeoutExpired:
+        work = run_workload(opts.workload, env, root, opts.workload_timeout)
+        if work is None:
             return crash(f"workload ran past {opts.workload_timeout:g} s")
         (logs / f"{tag}.workload.log").write_text(
             f"$ {opts.workload}\n--- stdout\n{work.stdout}\n--- stderr\n{work.stderr}",
