@@ -150,6 +150,22 @@ def test_region_cache_trial_on_vllm_cpu(tmp_path: Path) -> None:
     table = frank("trial", "decide", "region-cache", cwd=repo)
     assert table.code == 0 and "verdict:" in table.out and "p = " in table.out, table.err
 
+    # The decision goes into the region cache's manifest (and, if adopted, the stack).
+    stack_before = (repo / "stacks/e2e-nocache.toml").read_text()
+    adopted = frank("trial", "adopt", "region-cache", "--into", "stacks/e2e-nocache.toml",
+                    cwd=repo)
+    assert adopted.code == 0, adopted.err
+    manifest = _toml(repo / "parts/region-cache/1.toml")
+    assert manifest["evidence"]["trial"].endswith(decision["digest"])
+    assert manifest["evidence"]["rule"] == _toml(trial_file)["design"]["rule"]
+    if decision["passed"]:
+        assert manifest["status"] == "served"
+        lock = json.loads((repo / "stacks/e2e-nocache.lock").read_text())
+        assert lock["digest"] == digests["B"]
+    else:
+        assert manifest["status"] == "parked"
+        assert (repo / "stacks/e2e-nocache.toml").read_text() == stack_before
+
     # Tampering with the sealed rule after results exist is refused ...
     text = trial_file.read_text()
     for field, old, new in (("design.alpha", "alpha = 0.05", "alpha = 0.5"),
