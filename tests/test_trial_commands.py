@@ -429,6 +429,12 @@ def test_run_follows_the_sealed_order_and_resumes_after_a_crash(
     assert d["p_exact"] == "1/32" and d["verdict"] == "adopt" and d["crashed_starts"] == 1
     again = run_frank("trial", "run", "s2", "--workload", workload, cwd=repo)
     assert again.code == 0 and "ran 0 start(s)" in again.out
+    assert not (repo / "trials/s2.run.lock").exists()
+    (repo / "trials/s2.run.lock").write_text(f"{os.getpid()}\n")  # a live run holds it
+    one_line_error(run_frank("trial", "run", "s2", "--workload", workload, cwd=repo),
+                   "trials/s2.run.lock", f"pid {os.getpid()}")
+    (repo / "trials/s2.run.lock").write_text("999999999\n")  # its process is gone: stale
+    assert run_frank("trial", "run", "s2", "--workload", workload, cwd=repo).code == 0
 
     # A root stack that is arm A with no parts: adopting would leave a stack whose one-step
     # revert (drop the only part) cannot resolve, so adopt refuses and writes nothing.

@@ -21,7 +21,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -221,9 +221,44 @@ def run_start(start: Start, lock: dict[str, Any], expr: Expr, opts: RunOptions, 
         stop_engine(proc, opts.stop_timeout)
 
 
+@contextlib.contextmanager
+def exclusive(trial_file: Path) -> Iterator[None]:
+    """One `run` of a trial at a time (two would run a start twice); a lock left by a dead
+    process is taken over."""
+    path = trial_file.with_name(f"{trial_file.stem}.run.lock")
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                pid = int(path.read_text().strip() or "0")
+                os.kill(pid, 0)
+            except (ValueError, ProcessLookupError, FileNotFoundError):
+                path.unlink(missing_ok=True)  # stale
+                continue
+            except PermissionError:
+                pass
+            raise FrankError(f"another `frank trial run` (pid {pid}) is running this trial",
+                             file=path) from None
+        with os.fdopen(fd, "w") as handle:
+            handle.write(f"{os.getpid()}\n")
+        try:
+            yield
+        finally:
+            path.unlink(missing_ok=True)
+        return
+    raise FrankError("could not take the run lock", file=path)
+
+
 def run_trial(trial_file: Path, opts: RunOptions, *, progress: bool = True) -> list[StartRecord]:
     """Run every sealed start that has no result yet, in the sealed order."""
     trial, digest = load_sealed(trial_file)
+    with exclusive(trial_file):
+        return _run_locked(trial_file, trial, digest, opts, progress)
+
+
+def _run_locked(trial_file: Path, trial: Trial, digest: str, opts: RunOptions,
+                progress: bool) -> list[StartRecord]:
     try:
         expr = parse(trial.metric.expr)
     except MetricError as exc:
