@@ -306,4 +306,5 @@ def _run_locked(trial_file: Path, trial: Trial, digest: str, opts: RunOptions,
                 raise FrankError(f"start {s.index} (block {s.block}, arm {s.arm}) crashed: "
                                  f"{record.error}; recorded; run again to resume",
                                  file=results, field="status")
+        bar.update(task, description=f"trial {trial.name}: all sealed starts recorded")
     return new
