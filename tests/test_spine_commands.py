@@ -148,3 +148,12 @@ def test_parts_and_show(repo: Path) -> None:
     shown = json.loads(frank("show", "expert-plan", "--json", cwd=repo).out)
     assert [s["version"] for s in shown] == ["own-traffic", "published"]
     assert frank("show", "nope", cwd=repo).code == 2
+
+
+def test_revert_relocks_stacks_that_extend_it(repo: Path) -> None:
+    assert frank("lock", cwd=repo).code == 0
+    result = frank("revert", "cpu-experts-sched", cwd=repo)
+    assert result.code == 0 and "candidate.toml extends it: relocked" in result.out
+    assert frank("lock", "--check", cwd=repo).code == 0
+    lock = json.loads((repo / "stacks/candidate.lock").read_text())
+    assert "cpu-experts-sched" not in [p["name"] for p in lock["parts"]]

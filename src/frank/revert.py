@@ -127,6 +127,31 @@ def history_path(stack_file: Path) -> Path:
     return stack_file.with_name(f"{stack_file.stem}.history.jsonl")
 
 
+def relock_dependents(stack_file: Path, root: Path) -> list[tuple[str, str]]:
+    """Relock every stack that extends ``stack_file`` (directly or not).
+
+    Returns (stack file name, "relocked" or the one-line reason it no longer resolves):
+    a child that now fails keeps its old lock, so `frank lock --check` points at it.
+    """
+    out = []
+    target = stack_file.resolve()
+    for other in sorted((root / "stacks").glob("*.toml")):
+        if other.resolve() == target:
+            continue
+        try:
+            chain = load_stack(other).chain
+        except FrankError:
+            continue
+        if target not in chain:
+            continue
+        try:
+            write_lock(build_lock(resolve(other, root)), lock_path(other))
+            out.append((other.name, "relocked"))
+        except FrankError as exc:
+            out.append((other.name, exc.one_line()))
+    return out
+
+
 def apply_revert(stack_file: Path, result: RevertResult, why: str | None) -> None:
     """Write the stack file, its lock and one history line."""
     entry = {

@@ -10,7 +10,7 @@ import click
 from frank.cli.output import emit_json, json_option
 from frank.diff import diff_locks
 from frank.project import repo_root_for, stack_path
-from frank.revert import apply_revert, plan_revert
+from frank.revert import apply_revert, plan_revert, relock_dependents
 
 
 @click.command()
@@ -25,14 +25,16 @@ def revert(part: str, stack_arg: str, why: str | None, dry_run: bool, as_json: b
     path = stack_path(stack_arg, root)
     root = repo_root_for(path)
     result = plan_revert(path, part, root)
+    dependents: list[tuple[str, str]] = []
     if not dry_run:
         apply_revert(path, result, why)
+        dependents = relock_dependents(path, root)
     changes = diff_locks(result.old_lock, result.lock, root)
     if as_json:
         emit_json({"part": part, "action": result.action, "from": result.old_version,
                    "to": result.new_version, "dry_run": dry_run,
                    "digest_before": result.old_lock.digest, "digest_after": result.lock.digest,
-                   "diff": changes})
+                   "diff": changes, "dependents": dict(dependents)})
         return
     rel = path.relative_to(root) if path.is_relative_to(root) else Path(stack_arg)
     click.echo("".join(difflib.unified_diff(
@@ -45,3 +47,5 @@ def revert(part: str, stack_arg: str, why: str | None, dry_run: bool, as_json: b
     for layer in changes["layers"]:
         if layer["state"] != "same":
             click.echo(f"  layer {layer['layer']}: {layer['state']}")
+    for name, state in dependents:
+        click.echo(f"  {name} extends it: {state}")
