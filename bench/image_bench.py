@@ -166,8 +166,11 @@ def main() -> None:
         # but every switch rewrites the output layout from the cache
         set_kernel(src, 1)
         misses = store.stats.layer_misses
-        revert = [timed(build_image, s, store, out)[0]
-                  for _ in range(args.rounds // 2 + 1) for s in (spec1, spec)]
+        revert = [
+            timed(build_image, s, store, out)[0]
+            for _ in range(args.rounds // 2 + 1)
+            for s in (spec1, spec)
+        ]
         assert store.stats.layer_misses == misses
         build_image(spec1, store, out)
         assert read_layout(out, verify_layers=False).digest == digest1
