@@ -157,3 +157,21 @@ def test_revert_relocks_stacks_that_extend_it(repo: Path) -> None:
     assert frank("lock", "--check", cwd=repo).code == 0
     lock = json.loads((repo / "stacks/candidate.lock").read_text())
     assert "cpu-experts-sched" not in [p["name"] for p in lock["parts"]]
+
+
+def test_compiled_patch_forces_a_source_build_in_the_right_place(repo: Path) -> None:
+    manifest = repo / "parts/mhc-overlap/moet-6cefd6fe.toml"
+    manifest.write_text(manifest.read_text().replace("touches_compiled = false",
+                                                     "touches_compiled = true"))
+    result = frank("compose", "stacks/candidate.toml", "--builder", "none", "--json", cwd=repo)
+    assert result.code == 0, result.err
+    plan = json.loads((Path(json.loads(result.out)["out"]) / "plan.json").read_text())
+    assert plan["engine"]["strategy"] == "source"
+    assert "mhc-overlap touch compiled code" in plan["engine"]["why"]
+    names = [x["name"] for x in plan["layers"]]
+    assert names[:3] == ["patch:mhc-overlap", "engine:vllm-base", "package:exl3-runtime"]
+    assert [x["index"] for x in plan["layers"]] == list(range(1, len(names) + 1))
+    engine = plan["layers"][1]
+    assert any("git -C /opt/frank/vllm-src apply /opt/frank/patches/mhc-overlap.patch" in r
+               for r in engine["run"])
+    assert not any(r.startswith("patch ") for r in plan["layers"][0]["run"])

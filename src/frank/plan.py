@@ -144,24 +144,31 @@ def build_plan(lock: Lock, root: Path) -> BuildPlan:
         if not (contribution.files or contribution.generated or contribution.pip_install
                 or run):
             continue
+        # The part's key, and how frank turns it into a layer: a change to either is a
+        # different layer, so a cached layer is never reused for other content.
+        key = sha256_json({"part": locked.key, "files": [(f.src, f.dest) for f in
+                                                         contribution.files],
+                           "generated": contribution.generated, "run": run,
+                           "pip_install": contribution.pip_install})
         layers.append(PlanLayer(
             index=len(layers) + 1, name=f"{locked.kind}:{locked.name}", part=locked.name,
-            kind=locked.kind, key=locked.key, inputs=locked.inputs,
+            kind=locked.kind, key=key, inputs=locked.inputs,
             files=[CopyStep(src=f.src, dest=f.dest) for f in contribution.files],
             generated=[GeneratedFile(dest=d, text=t) for d, t in contribution.generated],
             pip_install=list(contribution.pip_install), run=run, why=contribution.why,
         ))
     if path is not None and path.strategy == "source":
-        engine = next(PART_ADAPTER.validate_python(p.spec) for p in lock.parts
-                      if p.kind == "engine")
+        engine_lock = next(p for p in lock.parts if p.kind == "engine")
+        engine = PART_ADAPTER.validate_python(engine_lock.spec)
         assert isinstance(engine, EngineBase)
         run = _source_build_run(engine, source_patches)
-        layers.append(PlanLayer(
-            index=len(layers) + 1, name=f"engine:{engine.name}", part=engine.name,
-            kind="engine", key=sha256_json({"run": run, "patches": source_patches,
-                                            "engine": lock.part(engine.name).key  # type: ignore[union-attr]
-                                            }),
-            inputs={}, files=[], generated=[], pip_install=[], run=run, why=path.why))
+        # Built once its patches are staged, and before anything that sits on the engine.
+        after = max((i for i, x in enumerate(layers) if x.kind == "patch"), default=-1) + 1
+        layers.insert(after, PlanLayer(
+            index=0, name=f"engine:{engine.name}", part=engine.name, kind="engine",
+            key=sha256_json({"run": run, "engine": engine_lock.key}), inputs=engine_lock.inputs,
+            files=[], generated=[], pip_install=[], run=run, why=path.why))
+        layers = [x.model_copy(update={"index": i}) for i, x in enumerate(layers, 1)]
     launcher_text = LAUNCHER_SOURCE.read_text(encoding="utf-8")
     launcher_hash = sha256_bytes(launcher_text.encode())
     layers.append(PlanLayer(

@@ -62,7 +62,9 @@ class EngineBase(PartBase):
                             self.wheel.requirement("vllm") + "\n"),),
                 run=("pip install --require-hashes --no-deps "
                      "-r /opt/frank/engine/requirements.txt",
-                     f"pip install 'vllm=={self.release}'" if self.release else "true"),
+                     # the wheel is installed; this only brings its dependencies
+                     f"pip install 'vllm=={self.release}'" if self.release
+                     else f"pip install 'vllm @ {self.wheel.url}'"),
                 why=f"release wheel {str(self.wheel.url).rsplit('/', 1)[-1]} pinned by sha256"
                     " (its dependencies come from the index: pin them with package parts)",
             )
