@@ -39,6 +39,8 @@ if str(TESTS) not in sys.path:
 
 from fixtures.tiny_model import build_tiny_model  # noqa: E402
 
+from frank.procs import group_members  # noqa: E402
+
 SERVED_NAME = "tiny"
 # Env prefixes that must not leak from the caller into a test server.
 _SCRUB_PREFIXES = ("VLLM_", "FRANK_REGION_CACHE_", "HF_", "TRANSFORMERS_", "CUDA_")
@@ -214,10 +216,10 @@ class VllmServer:
         # Children (engine core, resource tracker) may take a moment after the main
         # process; the stop counts as clean once the whole group is gone.
         deadline = time.monotonic() + 10
-        while _group_members(self.proc.pid) and time.monotonic() < deadline:
+        while group_members(self.proc.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
         self.stop_seconds = time.monotonic() - t0
-        self.leftover_pids = _group_members(self.proc.pid)
+        self.leftover_pids = group_members(self.proc.pid)
         for pid in self.leftover_pids:  # children of this test server only
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -225,20 +227,6 @@ class VllmServer:
         return self.returncode
 
 
-def _group_members(pgid: int) -> list[int]:
-    """Live processes still in the server's process group (engine core, workers)."""
-    out = []
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            if os.getpgid(int(p.name)) == pgid:
-                stat = (p / "stat").read_text()
-                if stat.rsplit(")", 1)[1].split()[0] != "Z":
-                    out.append(int(p.name))
-        except (ProcessLookupError, PermissionError, FileNotFoundError):
-            continue
-    return out
 
 
 def start_vllm_server(

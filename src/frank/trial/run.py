@@ -28,6 +28,7 @@ from typing import Any
 
 from frank.errors import FrankError
 from frank.lock import render_lock
+from frank.procs import group_members
 from frank.project import lock_stack
 from frank.trial.design import Start
 from frank.trial.metric import Expr, MetricError, deltas, parse, parse_prometheus, workload_json
@@ -69,20 +70,6 @@ def current_locks(trial: Trial, trial_file: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _group_members(pgid: int) -> list[int]:
-    """Live (not zombie) processes in a process group."""
-    out = []
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            if os.getpgid(int(p.name)) == pgid:
-                state = (p / "stat").read_text().rsplit(")", 1)[1].split()[0]
-                if state != "Z":
-                    out.append(int(p.name))
-        except (ProcessLookupError, PermissionError, FileNotFoundError, IndexError):
-            continue
-    return out
 
 
 def stop_engine(proc: subprocess.Popen[bytes], timeout: float) -> int:
@@ -96,9 +83,9 @@ def stop_engine(proc: subprocess.Popen[bytes], timeout: float) -> int:
             os.killpg(proc.pid, signal.SIGKILL)
         code = proc.wait()
     deadline = time.monotonic() + 10
-    while _group_members(proc.pid) and time.monotonic() < deadline:
+    while group_members(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    for pid in _group_members(proc.pid):  # only this start's engine processes
+    for pid in group_members(proc.pid):  # only this start's engine processes
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     return code
