@@ -1,4 +1,4 @@
-"""Helpers for the spine tests: a throwaway copy of the repo and a CLI runner."""
+"""Shared test helpers: a throwaway copy of the repo, a CLI runner, process checks."""
 
 from __future__ import annotations
 
@@ -45,3 +45,18 @@ def snapshot(root: Path) -> dict[str, bytes]:
     """Every file under root with its bytes: to prove a failed command wrote nothing."""
     return {p.relative_to(root).as_posix(): p.read_bytes()
             for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Live processes whose command line mentions ``text`` (a path or marker only the
+    calling test uses): proof that everything a test started has stopped."""
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                argv = (p / "cmdline").read_bytes().replace(b"\0", b" ")
+                if text in argv.decode(errors="replace"):
+                    out.append(int(p.name))
+            except OSError:
+                continue
+    return out

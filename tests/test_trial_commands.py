@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.spine_helpers import Result, frank, snapshot
+from tests.spine_helpers import Result, frank, processes_mentioning, snapshot
 from tests.vllm_server import free_port
 
 FAKE_ENGINE = r'''
@@ -513,17 +513,6 @@ def test_adopt_a_version_change_and_revert_back(repo: Path) -> None:
     assert json.loads((repo / "stacks/published.lock").read_text())["digest"] == d["A"]
 
 
-def _processes_mentioning(text: str) -> list[int]:
-    out = []
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                argv = (p / "cmdline").read_bytes().replace(b"\0", b" ")
-                if text in argv.decode(errors="replace"):
-                    out.append(int(p.name))
-            except OSError:
-                continue
-    return out
 
 
 def test_failing_workload_is_a_crash_and_keep_going_records_every_start(
@@ -541,7 +530,7 @@ def test_failing_workload_is_a_crash_and_keep_going_records_every_start(
     assert all(x["status"] == "crash" and x["error"] == "workload exited with code 3: boom"
                for x in recs)
     assert all(x["ready"] is not None for x in recs)  # the engine was up each time
-    assert _processes_mentioning(str(tmp / "fake_engine.py")) == []  # every engine stopped
+    assert processes_mentioning(str(tmp / "fake_engine.py")) == []  # every engine stopped
     log = (repo / "trials/w.logs/start-001.workload.log").read_text()
     assert "boom" in log
 
@@ -557,4 +546,4 @@ def test_workload_past_its_timeout_is_a_crash_and_leaves_nothing_running(
     out = run_frank("trial", "run", "t", "--no-progress", "--workload-timeout", "1",
                     "--workload", f"{marker} & {marker}", cwd=repo)
     one_line_error(out, "start 1", "workload ran past 1 s", after_progress=True)
-    assert _processes_mentioning(marker) == []
+    assert processes_mentioning(marker) == []

@@ -26,7 +26,7 @@ import pytest
 
 from tests.fixtures.local_hub import publish
 from tests.fixtures.tiny_model import build_tiny_model
-from tests.spine_helpers import copy_repo, frank
+from tests.spine_helpers import copy_repo, frank, processes_mentioning
 from tests.vllm_server import free_port, vllm_env, vllm_missing_reason, vllm_venv
 
 pytestmark = [
@@ -120,7 +120,7 @@ def test_region_cache_trial_on_vllm_cpu(tmp_path: Path) -> None:
     assert proc.returncode == 0, (proc.stderr[-3000:], _log_tails(logs))
     print(f"trial run: 6 starts in {elapsed:.1f} s")
 
-    assert not _processes_mentioning(str(tmp_path / "hub")), "an engine outlived its start"
+    assert not processes_mentioning(str(tmp_path / "hub")), "an engine outlived its start"
     records = [json.loads(x) for x in
                (repo / "trials/region-cache.results.jsonl").read_text().splitlines()]
     # The sealed order was followed: the same starts, arms and digests, one after another.
@@ -198,15 +198,3 @@ def _log_tails(logs: Path) -> str:
                      for p in sorted(logs.glob("*.log")))
 
 
-def _processes_mentioning(text: str) -> list[int]:
-    """Live processes whose command line mentions ``text`` (the test's own hub path)."""
-    out = []
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                argv = (p / "cmdline").read_bytes().replace(b"\0", b" ")
-                if text in argv.decode(errors="replace"):
-                    out.append(int(p.name))
-            except OSError:
-                continue
-    return out

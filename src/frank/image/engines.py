@@ -30,6 +30,7 @@ from typing import Literal
 
 from frank.errors import FrankError
 from frank.image.oci import normalize_layout, resolve_manifest
+from frank.image.registry import skopeo
 from frank.image.store import BlobStore, check_digest
 
 EngineName = Literal["buildah", "podman", "docker"]
@@ -96,6 +97,9 @@ def get_engine(name: str = "auto", store: BlobStore | None = None) -> Engine:
     raise FrankError(f"container engine {name!r} is not available; {hint}", field="--builder")
 
 
+_DAEMON = "to move images in and out of the Docker daemon"
+
+
 def _run(args: list[str], what: str, *, input_text: str | None = None,
          timeout: float | None = None) -> subprocess.CompletedProcess[str]:
     try:
@@ -126,12 +130,6 @@ def _oci_ref(layout: Path) -> Iterator[str]:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def _skopeo() -> str:
-    exe = shutil.which("skopeo")
-    if exe is None:
-        raise FrankError("building with docker needs skopeo to move images in and out of "
-                         "the daemon; apt-get install skopeo")
-    return exe
 
 
 def load_base(engine: Engine, layout: Path, digest: str) -> str:
@@ -144,7 +142,7 @@ def load_base(engine: Engine, layout: Path, digest: str) -> str:
     if engine.name == "docker":
         # the daemon keeps no digest for a loaded image; the tag is derived from the digest
         with _oci_ref(layout) as ref:
-            _run([_skopeo(), "copy", "--quiet", ref, f"docker-daemon:{name}:latest"],
+            _run([skopeo(_DAEMON), "copy", "--quiet", ref, f"docker-daemon:{name}:latest"],
                  "loading the base into docker")
         return f"{name}:latest"
     with _oci_ref(layout) as ref:
@@ -202,7 +200,7 @@ def build_dockerfile(
             _run([*engine.base_args(), "push", "--quiet", "--disable-compression", tag,
                   f"oci:{tmp}"], "buildah push to an OCI layout")
         elif engine.name == "docker":
-            _run([_skopeo(), "copy", "--quiet", f"docker-daemon:{tag}:latest", f"oci:{tmp}"],
+            _run([skopeo(_DAEMON), "copy", "--quiet", f"docker-daemon:{tag}:latest", f"oci:{tmp}"],
                  "export from docker to an OCI layout")
         else:
             shutil.rmtree(tmp)

@@ -54,11 +54,11 @@ class PushResult(BaseModel):
         return f"{self.repository}@{self.digest}"
 
 
-def _skopeo() -> str:
+def skopeo(purpose: str = "to push and pull images") -> str:
+    """skopeo's path; missing, it is a one-line error saying what it was needed for."""
     exe = shutil.which("skopeo")
     if exe is None:
-        raise FrankError("skopeo is not installed; apt-get install skopeo (needed to push "
-                         "and pull images)")
+        raise FrankError(f"skopeo is not installed; apt-get install skopeo (needed {purpose})")
     return exe
 
 
@@ -103,7 +103,7 @@ def push_layout(layout: Path, repository: str,
         if not _TAG_RE.match(t):
             raise FrankError(f"not a valid tag: {t!r}", field="tag")
     digest, _, _ = resolve_manifest(layout)
-    exe = _skopeo()
+    exe = skopeo()
     src = f"oci:{layout}"
     with tempfile.TemporaryDirectory(prefix="frank-push-") as tmp:
         for dest in [f"{repository}@{digest}", *(f"{repository}:{t}" for t in tags)]:
@@ -155,7 +155,7 @@ def pull_pinned(name: str, digest: str, out_layout: Path) -> tuple[Path, str]:
         if record.is_file() and record.read_text().split() == [digest, have]:
             return out_layout, have
     target = _platform_instance(name, digest)
-    exe = _skopeo()
+    exe = skopeo()
     out_layout.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_layout.name}.tmp-", dir=out_layout.parent))
     try:
@@ -193,7 +193,7 @@ def _dir_to_layout(src: Path, dst: Path, digest: str) -> None:
 
 
 def _inspect_raw(ref: str, *, config: bool = False) -> bytes:
-    exe = _skopeo()
+    exe = skopeo()
     args = [exe, "inspect", "--raw", *_tls_flags(ref, ("--tls-verify",))]
     if config:
         args.append("--config")
