@@ -1,7 +1,7 @@
 """Per-stage clock64 cycles of rs8's kernel (a -DRS8_TIMING build), row 0's 8 blocks.
 
-Why: the stages (load + bucket pass, reduce, local gather, sort, pull, rank)
-end in cluster barriers, so whole-kernel timings cannot say which one costs;
+Why: the stages (load + histogram, threshold, collect + sort + broadcast, rank)
+are split by cluster barriers, so whole-kernel timings cannot say which one costs;
 the block-local cycle counts can. Median over calls, per stage and block.
 
     python3 bench/rs8_stage_times.py --lib /tmp/rs8t/librs8.so --ctx 112464
@@ -21,15 +21,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels" / "rs8" /
 import rs8_op
 
 STAGES = [
-    "pass0 (load+bucket hist)",
-    "sync+reduce",
-    "rest of radix loop",
-    "local gather",
-    "local sort",
-    "cluster sync",
-    "pull",
-    "rank",
-    "final wait",
+    "load + per-thread max histogram",
+    "cluster sync 1",
+    "threshold search",
+    "collect + sort + broadcast",
+    "cluster sync 2",
+    "rank + write",
 ]
 
 
@@ -55,7 +52,7 @@ def main() -> None:
         if call < 5:
             continue
         for b in range(8):
-            t = [host[b * 16 + i] for i in range(10)]
+            t = [host[b * 16 + i] for i in range(len(STAGES) + 1)]
             for i in range(len(STAGES)):
                 per[b][i].append(t[i + 1] - t[i])
     print(f"ctx={args.ctx}: median cycles per stage (blocks 0..7)")
