@@ -1,7 +1,7 @@
 """Per-stage clock64 cycles of rs8's kernel (a -DRS8_TIMING build), row 0's 8 blocks.
 
-Why: the stages (load + histogram, threshold, collect + sort + broadcast, rank)
-are split by cluster barriers, so whole-kernel timings cannot say which one costs;
+Why: the stages (load + histogram, threshold, collect + sort + push, rank)
+each wait on data pushed by the other blocks, so whole-kernel timings cannot say which one costs;
 the block-local cycle counts can. Median over calls, per stage and block.
 
     python3 bench/rs8_stage_times.py --lib /tmp/rs8t/librs8.so --ctx 112464
@@ -21,11 +21,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels" / "rs8" /
 import rs8_op
 
 STAGES = [
-    "load + per-thread max histogram",
-    "cluster sync 1",
-    "threshold search",
-    "collect + sort + broadcast",
-    "cluster sync 2",
+    "load + histogram + push group sums",
+    "wait for group sums",
+    "bins round + threshold",
+    "collect keys >= T",
+    "sort + push list",
+    "wait for counts + lists",
     "rank + write",
 ]
 

@@ -56,6 +56,14 @@ if [[ " $STEPS " == *" tests "* ]]; then
   timeout 300 python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu -x \
     tests/test_rs8_gpu.py 2>&1 | tee "$OUT/gpu_tests.log"
 fi
+if [[ " $STEPS " == *" vtests "* ]]; then  # the GPU tests against every variant build too
+  for va in "${variant_args[@]}"; do
+    [[ "$va" == --variant ]] && continue
+    echo "== GPU tests on variant ${va%%=*}" | tee -a "$OUT/gpu_tests.log"
+    RS8_LIB="${va#*=}" timeout 300 python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu \
+      -x tests/test_rs8_gpu.py 2>&1 | tail -2 | tee -a "$OUT/gpu_tests.log"
+  done
+fi
 wait
 tail -3 "$OUT/vllm_build.log" 2>/dev/null
 if [[ -f "$vb" && ! -f .rs8_vllm_src/prebuilt/rs8vb.so ]]; then cp "$vb" "$OUT/rs8vb.so"; fi

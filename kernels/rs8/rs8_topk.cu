@@ -45,19 +45,22 @@ namespace rs8 {
 namespace {
 
 constexpr int kCluster = 8;       // blocks per row
-constexpr int kThreads = 1024;    // threads per block
-#ifndef RS8_QUADS
-#define RS8_QUADS 6  // 6 fits 64 registers per thread with a few cold spills
+#ifndef RS8_THREADS
+#define RS8_THREADS 256  // few fat threads: per-warp overhead is paid by fewer warps
 #endif
+constexpr int kThreads = RS8_THREADS;  // threads per block
+constexpr int kWarps = kThreads / 32;
+constexpr int kLgThreads = kThreads == 1024 ? 10 : kThreads == 512 ? 9 : kThreads == 256 ? 8 : 7;
+static_assert((1 << kLgThreads) == kThreads, "threads per block: 128, 256, 512 or 1024");
 #ifndef RS8_TAIL0
 #define RS8_TAIL0 2  // tail loads in flight per thread while the keys fill registers
 #endif
-constexpr int kQuads = RS8_QUADS;         // float4s of keys each thread holds in registers
-constexpr int kRegKeys = kQuads * 4 * kThreads;  // 24,576 keys per block, 196,608 per row
+constexpr int kRegKeys = 24576;  // keys per block held in registers (196,608 per row)
+constexpr int kQuads = kRegKeys / (4 * kThreads);  // float4s of keys per thread
 constexpr int kDigitBits = 10;    // radix digit width (general path)
 constexpr int kBins = 1 << kDigitBits;
 constexpr int kSmemLimit = 101376;  // SM120: 99 KB opt-in per block
-static_assert(kBins == kThreads, "one histogram bin per thread");
+static_assert(kBins % kThreads == 0 && kRegKeys % (4 * kThreads) == 0, "block shape");
 
 // Shared-memory plan per k.  The fast path uses [hist | U | seg]; the general
 // path, which only starts after the fast path's last DSMEM access, reuses the
@@ -69,13 +72,19 @@ struct Plan {
   static constexpr int kSlowCap = K > kBins ? K : kBins;  // candidate slots, general path
   static constexpr int kSlowBytes = 2 * kBins * 4 + kSlowCap * 8;
   static constexpr int kAreaBytes = kFastBytes > kSlowBytes ? kFastBytes : kSlowBytes;
-  static constexpr int kMiscBytes = 512;
+  static constexpr int kMiscBytes = 2560;
   static constexpr int kSmemBytes = kAreaBytes + kMiscBytes;
   static_assert(kSmemBytes <= kSmemLimit, "shared memory plan exceeds SM120's limit");
-  static_assert(K % kCluster == 0 && kThreads % (kSlowCap / kCluster) == 0, "bad k");
+  static_assert(K % kCluster == 0, "bad k");
 };
 
 struct Misc {
+  unsigned long long mb_gs;    // fast path mbarriers: group sums landed,
+  unsigned long long mb_bins;  // the chosen group's bins landed,
+  unsigned long long mb_cnt;   // every block's list length landed,
+  unsigned long long mb_list;  // every list landed
+  unsigned int gs_all[kCluster][32];   // fast path: every block's group sums
+  unsigned int bin_all[kCluster][32];  // fast path: every block's bins of the chosen group
   unsigned int nloc;     // this block's candidates (may exceed kSegCap)
   unsigned int thr;      // fast path: the threshold key T
   unsigned int counter;  // general path, block 0's: next free candidate slot
@@ -86,7 +95,7 @@ struct Misc {
   unsigned int segn[kCluster];  // every block's list length (written by that block)
   unsigned int gsum[2][32];     // group sums of the bins (double-buffered by pass)
 };
-static_assert(sizeof(Misc) <= 512, "Misc must fit the plan's misc bytes");
+static_assert(sizeof(Misc) <= 2560, "Misc must fit the plan's misc bytes");
 
 #ifdef RS8_TIMING
 // Stage clocks of row 0's blocks (timing build only): [block][stage].
@@ -151,6 +160,52 @@ __device__ __forceinline__ int position_of(unsigned long long c) {
   return static_cast<int>(~static_cast<unsigned int>(c));
 }
 
+// ---- distributed shared memory by pushing: st.async + mbarrier tx counts ----
+// Each exchange is one-way: a block writes into the others' shared memory with
+// st.async, which counts the bytes down on the receiver's mbarrier, and the
+// receiver waits on its own mbarrier.  No cluster-wide barrier (and so no
+// GPU-scope memory fence) sits on the fast path.
+__device__ __forceinline__ unsigned int smem_addr(const void* p) {
+  return static_cast<unsigned int>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ unsigned int peer_addr(unsigned int a, int q) {
+  unsigned int r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(q));
+  return r;
+}
+__device__ __forceinline__ void mbar_init(unsigned int bar, unsigned int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+// Arrive once, expecting `bytes` more to land (tx-count may run ahead of this).
+__device__ __forceinline__ void mbar_expect(unsigned int bar, unsigned int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.relaxed.cta.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned int bar) {  // phase 0 (each is used once)
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "RS8_WAIT_%=:\n"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], 0;\n"
+      "@!p bra RS8_WAIT_%=;\n"
+      "}\n" ::"r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void push_u32(unsigned int raddr, unsigned int v, unsigned int rbar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.u32 [%0], %1, [%2];" ::"r"(
+                   raddr),
+               "r"(v), "r"(rbar)
+               : "memory");
+}
+__device__ __forceinline__ void push_u64(unsigned int raddr, unsigned long long v,
+                                         unsigned int rbar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];" ::"r"(
+                   raddr),
+               "l"(v), "r"(rbar)
+               : "memory");
+}
+
 // Inclusive suffix sum inside a warp: lane i gets sum of lanes >= i.
 __device__ __forceinline__ unsigned int warp_suffix_incl(unsigned int x, int lane) {
 #pragma unroll
@@ -202,8 +257,10 @@ __device__ __forceinline__ bool find_bin(cg::cluster_group& cluster, unsigned in
 // Call after the histogram is complete (__syncthreads).
 __device__ __forceinline__ void publish_group_sums(const unsigned int* hist, unsigned int* gsum,
                                                    int tid) {
-  const unsigned int gs = __reduce_add_sync(0xffffffffu, hist[tid]);
-  if ((tid & 31) == 0) gsum[tid >> 5] = gs;
+  for (int w = tid >> 5; w < 32; w += kWarps) {
+    const unsigned int gs = __reduce_add_sync(0xffffffffu, hist[32 * w + (tid & 31)]);
+    if ((tid & 31) == 0) gsum[w] = gs;
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -243,7 +300,7 @@ __device__ __noinline__ void general_path(cg::cluster_group& cluster, unsigned c
   int par = 0;    // pass parity: which group-sum buffer this pass uses
   unsigned int ncand = K;
   for (;;) {
-    hA[tid] = 0;
+    for (int b = tid; b < kBins; b += kThreads) hA[b] = 0;
     __syncthreads();
     const unsigned int span = hi - lo;
     const unsigned int pspan = phi - plo;
@@ -349,19 +406,22 @@ __device__ __noinline__ void general_path(cg::cluster_group& cluster, unsigned c
   // Rank: candidate s goes to slot (number of candidates above it).  Block r
   // ranks candidates [r*kCap/8, (r+1)*kCap/8); kGroup threads share one.
   constexpr int kPerBlock = kCap / kCluster;
-  constexpr int kGroup = kThreads / kPerBlock;
-  static_assert(kGroup >= 1 && kGroup <= 32 && kThreads % kPerBlock == 0, "rank split");
-  const unsigned int s = rank * kPerBlock + tid / kGroup;
-  const int g = tid % kGroup;
-  const unsigned long long mine = (s < ncand) ? cand[s] : 0ull;
-  unsigned int greater = 0;
+  constexpr int kGroup = kThreads >= kPerBlock ? kThreads / kPerBlock : 1;
+  constexpr int kSlots = kThreads / kGroup;  // candidates ranked per round
+  static_assert(kGroup <= 32 && kPerBlock % kSlots == 0, "rank split");
+  for (int r0 = 0; r0 < kPerBlock; r0 += kSlots) {
+    const unsigned int s = rank * kPerBlock + r0 + tid / kGroup;
+    const int g = tid % kGroup;
+    const unsigned long long mine = (s < ncand) ? cand[s] : 0ull;
+    unsigned int greater = 0;
 #pragma unroll 8
-  for (unsigned int j = g; j < ncand; j += kGroup) greater += (cand[j] > mine) ? 1u : 0u;
+    for (unsigned int j = g; j < ncand; j += kGroup) greater += (cand[j] > mine) ? 1u : 0u;
 #pragma unroll
-  for (int off = kGroup / 2; off > 0; off >>= 1)
-    greater += __shfl_xor_sync(0xffffffffu, greater, off);
-  if (g == 0 && s < ncand && greater < static_cast<unsigned int>(K))
-    out[greater] = position_of(mine);
+    for (int off = kGroup / 2; off > 0; off >>= 1)
+      greater += __shfl_xor_sync(0xffffffffu, greater, off);
+    if (g == 0 && s < ncand && greater < static_cast<unsigned int>(K))
+      out[greater] = position_of(mine);
+  }
 }
 
 template <int K>
@@ -413,20 +473,40 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
   const int nq = (n >> 2) < (kRegKeys / 4) ? (n >> 2) : (kRegKeys / 4);
   const int tail0 = 4 * nq;
 
-  RS8_MARK(0);
-  // ---- 1. load keys into registers; histogram of per-thread maxima ---------
-  hist[tid] = 0;
+  // mbarriers first (thread 0), then a relaxed cluster arrive: nobody pushes
+  // into a block before it has started and initialised them (the matching
+  // wait comes after the loads, by when every block has long arrived).
+  const unsigned int mb_gs = smem_addr(&misc->mb_gs);
+  const unsigned int mb_bins = smem_addr(&misc->mb_bins);
+  const unsigned int mb_cnt = smem_addr(&misc->mb_cnt);
+  const unsigned int mb_list = smem_addr(&misc->mb_list);
   if (tid == 0) {
+    mbar_init(mb_gs, 1);
+    mbar_init(mb_bins, 1);
+    mbar_init(mb_cnt, 1);
+    mbar_init(mb_list, 1);
+    mbar_expect(mb_gs, kCluster * 32 * 4);
+    mbar_expect(mb_bins, kCluster * 32 * 4);
+    mbar_expect(mb_cnt, kCluster * 4);
     misc->nloc = 0;
     misc->thr = 0;
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+
+  RS8_MARK(0);
+  // ---- 1. load keys into registers; histogram of per-thread maxima ---------
+  for (int b = tid; b < kBins; b += kThreads) hist[b] = 0;
+  // Entries past the slice load as 0xffffffff, key 0 (the smallest): they
+  // never raise a maximum, and the collect step skips them by index.
   unsigned int kq[kQuads][4];
   if (stride1 == 1 && (reinterpret_cast<uintptr_t>(chunk) & 15) == 0) {
     const float4* src = reinterpret_cast<const float4*>(chunk);
 #pragma unroll
     for (int u = 0; u < kQuads; ++u) {
       const int v = tid + u * kThreads;
-      float4 f = make_float4(0.f, 0.f, 0.f, 0.f);
+      const float nanbits = __uint_as_float(0xffffffffu);
+      float4 f = make_float4(nanbits, nanbits, nanbits, nanbits);
       if (v < nq) f = __ldg(src + v);  // all of a thread's loads in flight at once
       kq[u][0] = __float_as_uint(f.x);
       kq[u][1] = __float_as_uint(f.y);
@@ -439,21 +519,20 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
       const int v = tid + u * kThreads;
 #pragma unroll
       for (int c = 0; c < 4; ++c)
-        kq[u][c] = (v < nq) ? load_bits(chunk + static_cast<long long>(4 * v + c) * stride1) : 0u;
+        kq[u][c] = (v < nq) ? load_bits(chunk + static_cast<long long>(4 * v + c) * stride1)
+                            : 0xffffffffu;
     }
   }
-  __syncthreads();  // hist zeroed (the loads above stay in flight)
+  __syncthreads();  // hist zeroed, misc set (the loads above stay in flight)
   unsigned int mx = 0;
-  bool has = false;
+  bool has = tid < nq;
 #pragma unroll
   for (int u = 0; u < kQuads; ++u) {
-    const bool valid = tid + u * kThreads < nq;
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       kq[u][c] = to_key(kq[u][c]);
-      if (valid) mx = kq[u][c] > mx ? kq[u][c] : mx;
+      mx = kq[u][c] > mx ? kq[u][c] : mx;
     }
-    has = has || valid;
   }
   // Tail: a few independent loads in flight per thread (registers are full).
   constexpr int kT0 = RS8_TAIL0;
@@ -475,23 +554,50 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
   }
   if (has) atomicAdd(&hist[bucket(mx)], 1u);
   __syncthreads();
-  publish_group_sums(hist, misc->gsum[0], tid);
+  asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // every block is running
+  for (int w = tid >> 5; w < 32; w += kWarps) {
+    // Push group w's sum (32 bins) to every block: lane q -> block q.
+    const unsigned int gs = __reduce_add_sync(0xffffffffu, hist[32 * w + lane]);
+    if (lane < kCluster)
+      push_u32(peer_addr(smem_addr(&misc->gs_all[rank][w]), lane), gs, peer_addr(mb_gs, lane));
+  }
   RS8_MARK(1);
-  cluster.sync();  // every block's histogram and group sums are complete
-  RS8_MARK(2);
 
   // ---- 2. threshold: lower edge of the bucket of the K-th largest maximum --
+  // Warp 0 of every block finds the same group from the 8 x 32 group sums,
+  // pushes its own 32 bins of that group to every block, then finds the bin.
   if (tid < 32) {
-    unsigned int d = 0, ab = 0, c = 0;
-    // Fewer than K maxima in the whole row (short rows): T = 0, take every key.
-    if (find_bin(cluster, hist, misc->gsum[0], K, lane, d, ab, c) && lane == 0)
-      misc->thr = bucket_lo(d);
+    mbar_wait(mb_gs);
+    RS8_MARK(2);
+    unsigned int tg = 0;
+#pragma unroll
+    for (int q = 0; q < kCluster; ++q) tg += misc->gs_all[q][lane];
+    const unsigned int ginc = warp_suffix_incl(tg, lane);
+    const unsigned int gabove = ginc - tg;
+    const unsigned int ghit = __ballot_sync(0xffffffffu, gabove < K && K <= ginc);
+    // No hit: fewer than K maxima in the row (short rows), T = 0, every key.
+    if (ghit != 0) {
+      const int g = __ffs(ghit) - 1;
+      const unsigned int base_above = __shfl_sync(0xffffffffu, gabove, g);
+      const unsigned int mine = hist[32 * g + lane];
+      const unsigned int dst = smem_addr(&misc->bin_all[rank][lane]);
+#pragma unroll
+      for (int q = 0; q < kCluster; ++q) push_u32(peer_addr(dst, q), mine, peer_addr(mb_bins, q));
+      mbar_wait(mb_bins);
+      unsigned int c = 0;
+#pragma unroll
+      for (int q = 0; q < kCluster; ++q) c += misc->bin_all[q][lane];
+      const unsigned int binc = warp_suffix_incl(c, lane);
+      const unsigned int ab = base_above + (binc - c);
+      const unsigned int hit = __ballot_sync(0xffffffffu, ab < K && K <= ab + c);
+      if (lane == 0) misc->thr = bucket_lo(32u * g + (__ffs(hit) - 1));
+    }
   }
   __syncthreads();
   const unsigned int thr = misc->thr;
   RS8_MARK(3);
 
-  // ---- 3. collect keys >= T, sort them, write the list into every block ----
+  // ---- 3. collect keys >= T, sort them, push the list to every block -------
   // Two 32-bit stores (the composite's low then high word) rather than one
   // 64-bit value: keeps the keys out of register pairs (fewer spills).
   unsigned int* U32 = reinterpret_cast<unsigned int*>(U);
@@ -502,13 +608,21 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
       U32[2 * e + 1] = k;
     }
   };
+  if (thr != 0) {  // empty slots hold key 0 < thr: no index checks needed
 #pragma unroll
-  for (int u = 0; u < kQuads; ++u) {
-    const int v = tid + u * kThreads;
-    if (v < nq) {
+    for (int u = 0; u < kQuads; ++u) {
 #pragma unroll
       for (int c = 0; c < 4; ++c)
-        if (kq[u][c] >= thr) push(4 * v + c, kq[u][c]);
+        if (kq[u][c] >= thr) push(4 * (tid + u * kThreads) + c, kq[u][c]);
+    }
+  } else {
+#pragma unroll
+    for (int u = 0; u < kQuads; ++u) {
+      const int v = tid + u * kThreads;
+      if (v < nq) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) push(4 * v + c, kq[u][c]);
+      }
     }
   }
   constexpr int kT = 8;
@@ -529,46 +643,55 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
     }
   }
   __syncthreads();
+  RS8_MARK(4);
   const unsigned int nloc = misc->nloc;
   const bool fits = nloc <= static_cast<unsigned int>(kSegCap);
+  if (tid < kCluster)
+    push_u32(peer_addr(smem_addr(&misc->segn[rank]), tid), fits ? nloc : 0xffffffffu,
+             peer_addr(mb_cnt, tid));
   if (fits) {
     // Rank sort inside the block, G threads per entry: entry e goes to slot
-    // #(entries greater), in the list this block owns in every block.
-    unsigned int p = 32;
-    while (p < nloc) p <<= 1;
-    const unsigned int G = static_cast<unsigned int>(kThreads) / p;  // 1..32, power of 2
-    const unsigned int e = tid / G;
-    const unsigned int g = tid % G;
-    const unsigned long long me = (e < nloc) ? U[e] : 0ull;
-    unsigned int gt0 = 0, gt1 = 0;
-    unsigned int j = g;
-    for (; j + G < nloc; j += 2 * G) {
-      gt0 += (U[j] > me) ? 1u : 0u;
-      gt1 += (U[j + G] > me) ? 1u : 0u;
-    }
-    if (j < nloc) gt0 += (U[j] > me) ? 1u : 0u;
-    unsigned int gt = gt0 + gt1;
-    for (unsigned int off = 1; off < G; off <<= 1) gt += __shfl_xor_sync(0xffffffffu, gt, off);
-    if (e < nloc) {
-      for (unsigned int q = g; q < static_cast<unsigned int>(kCluster); q += G)
-        cluster.map_shared_rank(seg, static_cast<int>(q))[rank * kSegCap + gt] = me;
+    // #(entries greater) of the list this block owns in every block.
+    // G = kThreads / (nloc rounded up to a power of 2), between 1 and 32.
+    const int lgp = nloc <= 32u ? 5 : 32 - __clz(nloc - 1u);
+    const int lg = (kLgThreads - lgp) < 0 ? 0 : (kLgThreads - lgp > 5 ? 5 : kLgThreads - lgp);
+    const unsigned int G = 1u << lg;
+    const unsigned int g = tid & (G - 1u);
+    for (unsigned int e = static_cast<unsigned int>(tid) >> lg; e < ((nloc + (kThreads >> lg) - 1) / (kThreads >> lg)) * (kThreads >> lg); e += kThreads >> lg) {
+      const unsigned long long me = (e < nloc) ? U[e] : 0ull;
+      unsigned int gt0 = 0, gt1 = 0;
+      unsigned int j = g;
+      for (; j + G < nloc; j += 2 * G) {
+        gt0 += (U[j] > me) ? 1u : 0u;
+        gt1 += (U[j + G] > me) ? 1u : 0u;
+      }
+      if (j < nloc) gt0 += (U[j] > me) ? 1u : 0u;
+      unsigned int gt = gt0 + gt1;
+      for (unsigned int off = 1; off < G; off <<= 1) gt += __shfl_xor_sync(0xffffffffu, gt, off);
+      if (e < nloc) {
+        const unsigned int dst = smem_addr(seg + rank * kSegCap + gt);
+        for (unsigned int q = g; q < static_cast<unsigned int>(kCluster); q += G)
+          push_u64(peer_addr(dst, static_cast<int>(q)), me,
+                   peer_addr(mb_list, static_cast<int>(q)));
+      }
     }
   }
-  if (tid < kCluster)
-    cluster.map_shared_rank(misc->segn, tid)[rank] = fits ? nloc : 0xffffffffu;
-  RS8_MARK(4);
-  cluster.sync();  // every list and count has landed in every block
   RS8_MARK(5);
-
-  // ---- 4. rank own entries against all lists; write indices ----------------
+  // Every block's count, then every list (expected bytes known from the counts).
+  mbar_wait(mb_cnt);
   bool fast = true;
   unsigned int total = 0;
 #pragma unroll
   for (int q = 0; q < kCluster; ++q) {
     const unsigned int c = misc->segn[q];
     fast = fast && c != 0xffffffffu;
-    total += c;
+    total += (c != 0xffffffffu) ? c : 0u;
   }
+  if (tid == 0) mbar_expect(mb_list, total * 8u);
+  mbar_wait(mb_list);  // also when falling back: nothing may land in reused bytes later
+  RS8_MARK(6);
+
+  // ---- 4. rank own entries against all lists; write indices ----------------
   if (fast && total >= static_cast<unsigned int>(K)) {
     const unsigned long long* own = seg + rank * kSegCap;
     for (unsigned int base = 0; base < nloc * kCluster; base += kThreads) {
@@ -595,7 +718,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
       for (int off = 1; off < kCluster; off <<= 1) gt += __shfl_xor_sync(0xffffffffu, gt, off);
       if (q == 0 && e < nloc && gt < static_cast<unsigned int>(K)) out[gt] = position_of(me);
     }
-    RS8_MARK(6);
+    RS8_MARK(7);
     return;
   }
   // Too many candidates in some block: every block takes the general path.
