@@ -29,8 +29,13 @@ WITH_PART = CHILD + '[add]\nexpert-plan = "published"\n'
 
 def frank(repo: Path, *args: str) -> tuple[float, dict]:
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "frank", *args], cwd=repo,
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "frank", *args],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     elapsed = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"frank {' '.join(args)}: {proc.stderr.strip()}")
@@ -59,14 +64,17 @@ def main() -> None:
             assert out["image"]["digest"] == first["image"]["digest"]
             assert out["image"]["layers_built"] == 0
             revert.append(t1 + t2)
-    print(f"# {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, {platform.machine()}, "
-          f"python {platform.python_version()}, n={n}, stack: smoke-cpu child")
+    print(
+        f"# {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, {platform.machine()}, "
+        f"python {platform.python_version()}, n={n}, stack: smoke-cpu child"
+    )
     print(f"{'scenario':52s} {'median s':>9s} {'min s':>7s} {'max s':>7s}")
-    for name, values in (("no-op recompose (target < 1 s)", noop),
-                         ("recompose after adding one part", change),
-                         ("revert + recompose (earlier digest, 0 built)", revert)):
-        print(f"{name:52s} {statistics.median(values):9.3f} {min(values):7.3f} "
-              f"{max(values):7.3f}")
+    for name, values in (
+        ("no-op recompose (target < 1 s)", noop),
+        ("recompose after adding one part", change),
+        ("revert + recompose (earlier digest, 0 built)", revert),
+    ):
+        print(f"{name:52s} {statistics.median(values):9.3f} {min(values):7.3f} {max(values):7.3f}")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ common=(--clock-control none -k regex:topk_decode -s 3 -c 1)
 timeout 150 ncu "${common[@]}" --section SpeedOfLight --section SchedulerStats \
   --section WarpStateStats --section InstructionStats --section LaunchStats \
   python3 /tmp/rs8_one.py >"$out/ncu_summary.txt" 2>&1
-timeout 150 ncu "${common[@]}" --section SourceCounters --page source --print-source sass \
+timeout 150 ncu "${common[@]}" --section SourceCounters --warp-sampling-interval 0 --page source --print-source sass \
   --csv python3 /tmp/rs8_one.py >"$out/ncu_sass.csv" 2>&1
 grep -E "Duration|Elapsed Cycles|Issued Warp|No Eligible|Active Warps Per|Eligible Warps|Warp Cycles Per Issued|Executed Instructions " "$out/ncu_summary.txt" | head -20
 wc -l "$out/ncu_sass.csv"

@@ -1,4 +1,4 @@
-"""Per-stage clock64 cycles of rs8's kernel (a -DRS8_TIMING build), row 0's 8 blocks.
+"""Per-stage clock64 cycles of rs8's kernel (a -DRS8_TIMING build), row 0's blocks (8 or 16).
 
 Why: the stages (load + histogram, threshold, collect + sort + push, rank)
 each wait on data pushed by the other blocks, so whole-kernel timings cannot say which one costs;
@@ -43,8 +43,8 @@ def main() -> None:
     rows, k = 6, 512
     seq = torch.full((rows, 1), args.ctx, dtype=torch.int32, device="cuda")
     out = torch.empty((rows, k), dtype=torch.int32, device="cuda")
-    host = (ctypes.c_longlong * (8 * 16))()
-    per: list[list[list[int]]] = [[[] for _ in STAGES] for _ in range(8)]
+    host = (ctypes.c_longlong * (16 * 16))()
+    per: list[list[list[int]]] = [[[] for _ in STAGES] for _ in range(16)]
     for call in range(args.calls + 5):
         x = torch.randn(rows, args.ctx, device="cuda")
         rs8_op.launch(x, 1, seq, out, rows, args.ctx, 1, k, lib=lib)
@@ -52,13 +52,16 @@ def main() -> None:
         assert lib.rs8_read_clocks(ctypes.addressof(host)) == 0
         if call < 5:
             continue
-        for b in range(8):
+        for b in range(16):
             t = [host[b * 16 + i] for i in range(len(STAGES) + 1)]
+            if 0 in t:
+                continue  # a block this cluster size does not have
             for i in range(len(STAGES)):
                 per[b][i].append(t[i + 1] - t[i])
-    print(f"ctx={args.ctx}: median cycles per stage (blocks 0..7)")
+    blocks = [b for b in range(16) if per[b][0]]
+    print(f"ctx={args.ctx}: median cycles per stage (blocks {blocks[0]}..{blocks[-1]})")
     for i, name in enumerate(STAGES):
-        meds = [int(statistics.median(per[b][i])) for b in range(8)]
+        meds = [int(statistics.median(per[b][i])) for b in blocks]
         print(f"{name:26s} " + " ".join(f"{m:7d}" for m in meds))
 
 

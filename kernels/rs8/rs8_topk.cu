@@ -44,9 +44,10 @@ namespace rs8 {
 // live in one process without sharing template statics (GNU unique symbols).
 namespace {
 
-constexpr int kCluster = 8;       // blocks per row
+constexpr int kCluster = 8;       // blocks per row (portable cluster size)
+constexpr int kMaxCluster = 16;   // blocks per row where the device allows (non-portable)
 #ifndef RS8_THREADS
-#define RS8_THREADS 256  // few fat threads: per-warp overhead is paid by fewer warps
+#define RS8_THREADS 512  // fewer, fatter threads: per-warp overhead is paid by fewer warps
 #endif
 constexpr int kThreads = RS8_THREADS;  // threads per block
 constexpr int kWarps = kThreads / 32;
@@ -55,27 +56,33 @@ static_assert((1 << kLgThreads) == kThreads, "threads per block: 128, 256, 512 o
 #ifndef RS8_TAIL0
 #define RS8_TAIL0 2  // tail loads in flight per thread while the keys fill registers
 #endif
-constexpr int kRegKeys = 24576;  // keys per block held in registers (196,608 per row)
-constexpr int kQuads = kRegKeys / (4 * kThreads);  // float4s of keys per thread
+constexpr int kRowRegKeys = 196608;  // keys per row held in registers, whatever the cluster
+// Keys per block held in registers, and float4s of them per thread, for CL blocks per row.
+template <int CL>
+struct Regs {
+  static constexpr int kKeys = kRowRegKeys / CL;
+  static constexpr int kQuads = kKeys / (4 * kThreads);
+  static_assert(kQuads * 4 * kThreads == kKeys, "block shape");
+};
 constexpr int kDigitBits = 10;    // radix digit width (general path)
 constexpr int kBins = 1 << kDigitBits;
 constexpr int kSmemLimit = 101376;  // SM120: 99 KB opt-in per block
-static_assert(kBins % kThreads == 0 && kRegKeys % (4 * kThreads) == 0, "block shape");
+static_assert(kBins % kThreads == 0, "block shape");
 
 // Shared-memory plan per k.  The fast path uses [hist | U | seg]; the general
 // path, which only starts after the fast path's last DSMEM access, reuses the
 // same bytes as [hA | hB | cand].  Misc sits after both.
-template <int K>
+template <int K, int CL>
 struct Plan {
-  static constexpr int kSegCap = K / 2;   // candidates one block may contribute
-  static constexpr int kFastBytes = kBins * 4 + kSegCap * 8 + kCluster * kSegCap * 8;
+  static constexpr int kSegCap = 4 * K / CL;  // candidates one block may contribute
+  static constexpr int kFastBytes = kBins * 4 + kSegCap * 8 + CL * kSegCap * 8;
   static constexpr int kSlowCap = K > kBins ? K : kBins;  // candidate slots, general path
   static constexpr int kSlowBytes = 2 * kBins * 4 + kSlowCap * 8;
   static constexpr int kAreaBytes = kFastBytes > kSlowBytes ? kFastBytes : kSlowBytes;
-  static constexpr int kMiscBytes = 2560;
+  static constexpr int kMiscBytes = 4608;
   static constexpr int kSmemBytes = kAreaBytes + kMiscBytes;
   static_assert(kSmemBytes <= kSmemLimit, "shared memory plan exceeds SM120's limit");
-  static_assert(K % kCluster == 0, "bad k");
+  static_assert(K % CL == 0, "bad k");
 };
 
 struct Misc {
@@ -83,8 +90,8 @@ struct Misc {
   unsigned long long mb_bins;  // the chosen group's bins landed,
   unsigned long long mb_cnt;   // every block's list length landed,
   unsigned long long mb_list;  // every list landed
-  unsigned int gs_all[kCluster][32];   // fast path: every block's group sums
-  unsigned int bin_all[kCluster][32];  // fast path: every block's bins of the chosen group
+  unsigned int gs_all[kMaxCluster][32];   // fast path: every block's group sums
+  unsigned int bin_all[kMaxCluster][32];  // fast path: every block's bins of the chosen group
   unsigned int nloc;     // this block's candidates (may exceed kSegCap)
   unsigned int thr;      // fast path: the threshold key T
   unsigned int counter;  // general path, block 0's: next free candidate slot
@@ -92,14 +99,14 @@ struct Misc {
   unsigned int above;
   unsigned int cnt;
   unsigned int pad[2];
-  unsigned int segn[kCluster];  // every block's list length (written by that block)
+  unsigned int segn[kMaxCluster];  // every block's list length (written by that block)
   unsigned int gsum[2][32];     // group sums of the bins (double-buffered by pass)
 };
-static_assert(sizeof(Misc) <= 2560, "Misc must fit the plan's misc bytes");
+static_assert(sizeof(Misc) <= 4608, "Misc must fit the plan's misc bytes");
 
 #ifdef RS8_TIMING
 // Stage clocks of row 0's blocks (timing build only): [block][stage].
-__device__ long long g_rs8_clock[kCluster][16];
+__device__ long long g_rs8_clock[kMaxCluster][16];
 #define RS8_MARK(st)                                                   \
   do {                                                                  \
     if (row == 0 && tid == 0) g_rs8_clock[rank][st] = clock64();        \
@@ -187,7 +194,7 @@ __device__ __forceinline__ void mbar_wait(unsigned int bar) {  // phase 0 (each 
       "{\n"
       ".reg .pred p;\n"
       "RS8_WAIT_%=:\n"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], 0;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], 0;\n"
       "@!p bra RS8_WAIT_%=;\n"
       "}\n" ::"r"(bar)
       : "memory");
@@ -221,28 +228,29 @@ __device__ __forceinline__ unsigned int warp_suffix_incl(unsigned int x, int lan
 // rounds (32 group sums, then the 32 bins of the chosen group).  Returns
 // true and sets bin/above/cnt when found; false when the cluster counted
 // fewer than krem.  Uniform across the warp.
+template <int CL>
 __device__ __forceinline__ bool find_bin(cg::cluster_group& cluster, unsigned int* hist,
                                          unsigned int* gsum, unsigned int krem, int lane,
                                          unsigned int& bin, unsigned int& above,
                                          unsigned int& cnt) {
-  unsigned int gq[kCluster];
+  unsigned int gq[CL];
 #pragma unroll
-  for (int q = 0; q < kCluster; ++q) gq[q] = cluster.map_shared_rank(gsum, q)[lane];
+  for (int q = 0; q < CL; ++q) gq[q] = cluster.map_shared_rank(gsum, q)[lane];
   unsigned int tg = 0;
 #pragma unroll
-  for (int q = 0; q < kCluster; ++q) tg += gq[q];
+  for (int q = 0; q < CL; ++q) tg += gq[q];
   const unsigned int ginc = warp_suffix_incl(tg, lane);
   const unsigned int gabove = ginc - tg;  // keys in groups above this lane's
   const unsigned int ghit = __ballot_sync(0xffffffffu, gabove < krem && krem <= ginc);
   if (ghit == 0) return false;
   const int g = __ffs(ghit) - 1;
   const unsigned int base_above = __shfl_sync(0xffffffffu, gabove, g);
-  unsigned int bq[kCluster];
+  unsigned int bq[CL];
 #pragma unroll
-  for (int q = 0; q < kCluster; ++q) bq[q] = cluster.map_shared_rank(hist, q)[32 * g + lane];
+  for (int q = 0; q < CL; ++q) bq[q] = cluster.map_shared_rank(hist, q)[32 * g + lane];
   unsigned int c = 0;
 #pragma unroll
-  for (int q = 0; q < kCluster; ++q) c += bq[q];
+  for (int q = 0; q < CL; ++q) c += bq[q];
   const unsigned int binc = warp_suffix_incl(c, lane);
   const unsigned int ab = base_above + (binc - c);
   const unsigned int hit = __ballot_sync(0xffffffffu, ab < krem && krem <= ab + c);
@@ -267,12 +275,12 @@ __device__ __forceinline__ void publish_group_sums(const unsigned int* hist, uns
 // General path: exact for any row (ties, constant rows, skew), slower.
 // Every block re-reads its slice from global memory (L2) on each pass.
 // ---------------------------------------------------------------------------
-template <int K>
+template <int K, int CL>
 __device__ __noinline__ void general_path(cg::cluster_group& cluster, unsigned char* smem,
                                           Misc* misc, const float* chunk, long long stride1,
                                           int n, int start, int Li, int* out, int rank,
                                           int row) {
-  using P = Plan<K>;
+  using P = Plan<K, CL>;
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   const int warp = tid >> 5;
@@ -323,7 +331,7 @@ __device__ __noinline__ void general_path(cg::cluster_group& cluster, unsigned c
     cluster.sync();
     if (tid < 32) {
       unsigned int d = 0, ab = 0, c = 0;
-      find_bin(cluster, hA, misc->gsum[par], krem, lane, d, ab, c);  // always found
+      find_bin<CL>(cluster, hA, misc->gsum[par], krem, lane, d, ab, c);  // always found
       if (lane == 0) {
         misc->digit = d;
         misc->above = ab;
@@ -396,7 +404,7 @@ __device__ __noinline__ void general_path(cg::cluster_group& cluster, unsigned c
         if (slot < ncand) {
           const unsigned long long c = composite(k, static_cast<unsigned int>(start + i));
 #pragma unroll
-          for (int q = 0; q < kCluster; ++q) cluster.map_shared_rank(cand, q)[slot] = c;
+          for (int q = 0; q < CL; ++q) cluster.map_shared_rank(cand, q)[slot] = c;
         }
       }
     }
@@ -405,7 +413,7 @@ __device__ __noinline__ void general_path(cg::cluster_group& cluster, unsigned c
 
   // Rank: candidate s goes to slot (number of candidates above it).  Block r
   // ranks candidates [r*kCap/8, (r+1)*kCap/8); kGroup threads share one.
-  constexpr int kPerBlock = kCap / kCluster;
+  constexpr int kPerBlock = kCap / CL;
   constexpr int kGroup = kThreads >= kPerBlock ? kThreads / kPerBlock : 1;
   constexpr int kSlots = kThreads / kGroup;  // candidates ranked per round
   static_assert(kGroup <= 32 && kPerBlock % kSlots == 0, "rank split");
@@ -424,22 +432,24 @@ __device__ __noinline__ void general_path(cg::cluster_group& cluster, unsigned c
   }
 }
 
-template <int K>
-__global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
+// Launched with a cluster dimension of CL (cudaLaunchKernelEx; 16 is non-portable).
+template <int K, int CL>
+__global__ void __launch_bounds__(kThreads, 1)
     topk_decode_kernel(const float* __restrict__ logits, long long stride0, long long stride1,
                        long long ncols, const int* __restrict__ seq_lens, int seq_2d, int next_n,
                        int* __restrict__ indices) {
-  using P = Plan<K>;
+  using P = Plan<K, CL>;
   constexpr int kSegCap = P::kSegCap;
+  constexpr int kQuads = Regs<CL>::kQuads;
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned int* hist = reinterpret_cast<unsigned int*>(smem);
   unsigned long long* U = reinterpret_cast<unsigned long long*>(smem + kBins * 4);
-  unsigned long long* seg = U + kSegCap;  // [kCluster][kSegCap]: every block's sorted list
+  unsigned long long* seg = U + kSegCap;  // [CL][kSegCap]: every block's sorted list
   Misc* misc = reinterpret_cast<Misc*>(smem + P::kAreaBytes);
 
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank());
-  const int row = blockIdx.x / kCluster;
+  const int row = blockIdx.x / CL;
   const int tid = threadIdx.x;
   const int lane = tid & 31;
 
@@ -456,21 +466,21 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
 
   if (L <= K) {
     // Short row: 0..L-1 then -1.  No DSMEM, so blocks may leave independently.
-    constexpr int kShare = K / kCluster;
+    constexpr int kShare = K / CL;
     for (int s = rank * kShare + tid; s < (rank + 1) * kShare; s += kThreads)
       out[s] = (s < L) ? s : -1;
     return;
   }
 
   const int Li = static_cast<int>(L);
-  const int cs = (((Li + kCluster - 1) / kCluster) + 3) & ~3;  // slice, multiple of 4
+  const int cs = (((Li + CL - 1) / CL) + 3) & ~3;  // slice, multiple of 4
   const int start = rank * cs;
   int n = Li - start;
   n = n < 0 ? 0 : (n > cs ? cs : n);
   const float* rowp = logits + static_cast<long long>(row) * stride0;
   const float* chunk = rowp + static_cast<long long>(start) * stride1;
   // Quads (4 keys) held in registers; entries from 4*nq on are the tail.
-  const int nq = (n >> 2) < (kRegKeys / 4) ? (n >> 2) : (kRegKeys / 4);
+  const int nq = (n >> 2) < (Regs<CL>::kKeys / 4) ? (n >> 2) : (Regs<CL>::kKeys / 4);
   const int tail0 = 4 * nq;
 
   // mbarriers first (thread 0), then a relaxed cluster arrive: nobody pushes
@@ -485,9 +495,9 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
     mbar_init(mb_bins, 1);
     mbar_init(mb_cnt, 1);
     mbar_init(mb_list, 1);
-    mbar_expect(mb_gs, kCluster * 32 * 4);
-    mbar_expect(mb_bins, kCluster * 32 * 4);
-    mbar_expect(mb_cnt, kCluster * 4);
+    mbar_expect(mb_gs, CL * 32 * 4);
+    mbar_expect(mb_bins, CL * 32 * 4);
+    mbar_expect(mb_cnt, CL * 4);
     misc->nloc = 0;
     misc->thr = 0;
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -558,7 +568,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
   for (int w = tid >> 5; w < 32; w += kWarps) {
     // Push group w's sum (32 bins) to every block: lane q -> block q.
     const unsigned int gs = __reduce_add_sync(0xffffffffu, hist[32 * w + lane]);
-    if (lane < kCluster)
+    if (lane < CL)
       push_u32(peer_addr(smem_addr(&misc->gs_all[rank][w]), lane), gs, peer_addr(mb_gs, lane));
   }
   RS8_MARK(1);
@@ -571,7 +581,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
     RS8_MARK(2);
     unsigned int tg = 0;
 #pragma unroll
-    for (int q = 0; q < kCluster; ++q) tg += misc->gs_all[q][lane];
+    for (int q = 0; q < CL; ++q) tg += misc->gs_all[q][lane];
     const unsigned int ginc = warp_suffix_incl(tg, lane);
     const unsigned int gabove = ginc - tg;
     const unsigned int ghit = __ballot_sync(0xffffffffu, gabove < K && K <= ginc);
@@ -582,11 +592,11 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
       const unsigned int mine = hist[32 * g + lane];
       const unsigned int dst = smem_addr(&misc->bin_all[rank][lane]);
 #pragma unroll
-      for (int q = 0; q < kCluster; ++q) push_u32(peer_addr(dst, q), mine, peer_addr(mb_bins, q));
+      for (int q = 0; q < CL; ++q) push_u32(peer_addr(dst, q), mine, peer_addr(mb_bins, q));
       mbar_wait(mb_bins);
       unsigned int c = 0;
 #pragma unroll
-      for (int q = 0; q < kCluster; ++q) c += misc->bin_all[q][lane];
+      for (int q = 0; q < CL; ++q) c += misc->bin_all[q][lane];
       const unsigned int binc = warp_suffix_incl(c, lane);
       const unsigned int ab = base_above + (binc - c);
       const unsigned int hit = __ballot_sync(0xffffffffu, ab < K && K <= ab + c);
@@ -646,7 +656,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
   RS8_MARK(4);
   const unsigned int nloc = misc->nloc;
   const bool fits = nloc <= static_cast<unsigned int>(kSegCap);
-  if (tid < kCluster)
+  if (tid < CL)
     push_u32(peer_addr(smem_addr(&misc->segn[rank]), tid), fits ? nloc : 0xffffffffu,
              peer_addr(mb_cnt, tid));
   if (fits) {
@@ -670,7 +680,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
       for (unsigned int off = 1; off < G; off <<= 1) gt += __shfl_xor_sync(0xffffffffu, gt, off);
       if (e < nloc) {
         const unsigned int dst = smem_addr(seg + rank * kSegCap + gt);
-        for (unsigned int q = g; q < static_cast<unsigned int>(kCluster); q += G)
+        for (unsigned int q = g; q < static_cast<unsigned int>(CL); q += G)
           push_u64(peer_addr(dst, static_cast<int>(q)), me,
                    peer_addr(mb_list, static_cast<int>(q)));
       }
@@ -682,7 +692,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
   bool fast = true;
   unsigned int total = 0;
 #pragma unroll
-  for (int q = 0; q < kCluster; ++q) {
+  for (int q = 0; q < CL; ++q) {
     const unsigned int c = misc->segn[q];
     fast = fast && c != 0xffffffffu;
     total += (c != 0xffffffffu) ? c : 0u;
@@ -694,10 +704,10 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
   // ---- 4. rank own entries against all lists; write indices ----------------
   if (fast && total >= static_cast<unsigned int>(K)) {
     const unsigned long long* own = seg + rank * kSegCap;
-    for (unsigned int base = 0; base < nloc * kCluster; base += kThreads) {
+    for (unsigned int base = 0; base < nloc * CL; base += kThreads) {
       const unsigned int idx = base + tid;
-      const unsigned int e = idx / kCluster;
-      const int q = static_cast<int>(idx % kCluster);
+      const unsigned int e = idx / CL;
+      const int q = static_cast<int>(idx % CL);
       unsigned int gt = 0;
       unsigned long long me = 0;
       if (e < nloc) {
@@ -715,60 +725,94 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
         }
       }
 #pragma unroll
-      for (int off = 1; off < kCluster; off <<= 1) gt += __shfl_xor_sync(0xffffffffu, gt, off);
+      for (int off = 1; off < CL; off <<= 1) gt += __shfl_xor_sync(0xffffffffu, gt, off);
       if (q == 0 && e < nloc && gt < static_cast<unsigned int>(K)) out[gt] = position_of(me);
     }
     RS8_MARK(7);
     return;
   }
   // Too many candidates in some block: every block takes the general path.
-  general_path<K>(cluster, smem, misc, chunk, stride1, n, start, Li, out, rank, row);
+  general_path<K, CL>(cluster, smem, misc, chunk, stride1, n, start, Li, out, rank, row);
 }
 
-// Clusters of 8 blocks that fit on the device at once (0 on error).
-template <int K>
-int resident_clusters() {
-  cudaError_t e = cudaFuncSetAttribute(topk_decode_kernel<K>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       Plan<K>::kSmemBytes);
-  if (e != cudaSuccess) return 0;
+// Launch configuration for CL blocks per row (cluster dimension set at launch).
+template <int K, int CL>
+cudaLaunchConfig_t config(unsigned int blocks, cudaStream_t stream, cudaLaunchAttribute* attr) {
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(kCluster * 64);
+  cfg.gridDim = dim3(blocks);
   cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = Plan<K>::kSmemBytes;
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = kCluster;
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  cfg.attrs = &attr;
+  cfg.dynamicSmemBytes = Plan<K, CL>::kSmemBytes;
+  cfg.stream = stream;
+  attr->id = cudaLaunchAttributeClusterDimension;
+  attr->val.clusterDim.x = CL;
+  attr->val.clusterDim.y = 1;
+  attr->val.clusterDim.z = 1;
+  cfg.attrs = attr;
   cfg.numAttrs = 1;
+  return cfg;
+}
+
+// Clusters of CL blocks that fit on the device at once (0 if none, or on error).
+template <int K, int CL>
+int resident_clusters() {
+  if (cudaFuncSetAttribute(topk_decode_kernel<K, CL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           Plan<K, CL>::kSmemBytes) != cudaSuccess ||
+      (CL > 8 && cudaFuncSetAttribute(topk_decode_kernel<K, CL>,
+                                      cudaFuncAttributeNonPortableClusterSizeAllowed,
+                                      1) != cudaSuccess)) {
+    cudaGetLastError();
+    return 0;
+  }
+  cudaLaunchAttribute attr;
+  cudaLaunchConfig_t cfg = config<K, CL>(CL * 64, nullptr, &attr);
   int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, topk_decode_kernel<K>, &cfg) != cudaSuccess) {
+  if (cudaOccupancyMaxActiveClusters(&n, topk_decode_kernel<K, CL>, &cfg) != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }
   return n;
 }
 
-// One 8-block cluster per row; rows beyond what fits at once run in waves.
+template <int K, int CL>
+cudaError_t launch_cl(const float* logits, long long stride0, long long stride1, long long ncols,
+                      const int* seq_lens, int seq_2d, int next_n, int* indices, int num_rows,
+                      cudaStream_t stream) {
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg =
+      config<K, CL>(static_cast<unsigned int>(num_rows) * CL, stream, &attr);
+  return cudaLaunchKernelEx(&cfg, topk_decode_kernel<K, CL>, logits, stride0, stride1, ncols,
+                            seq_lens, seq_2d, next_n, indices);
+}
+
+// Rows get 16 blocks each while they all fit on the device at once and the
+// device allows 16-block clusters (H100/H200); otherwise 8 (the portable
+// size), with rows beyond one wave running in waves.  The choice depends only
+// on the row count and the device, so a captured graph stays valid.
 template <int K>
 cudaError_t launch(const float* logits, long long stride0, long long stride1, long long ncols,
                    const int* seq_lens, int seq_2d, int next_n, int* indices, int num_rows,
                    cudaStream_t stream) {
+  static int fit16[64] = {};
   static bool ready[64] = {};
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return e;
   if (dev < 0 || dev >= 64) return cudaErrorInvalidDevice;
   if (!ready[dev]) {
-    if (resident_clusters<K>() == 0) return cudaErrorInvalidConfiguration;
+    if (resident_clusters<K, 8>() == 0) return cudaErrorInvalidConfiguration;
+    fit16[dev] = resident_clusters<K, 16>();
     ready[dev] = true;
   }
-  const dim3 grid(static_cast<unsigned int>(num_rows) * kCluster);
-  topk_decode_kernel<K><<<grid, kThreads, Plan<K>::kSmemBytes, stream>>>(
-      logits, stride0, stride1, ncols, seq_lens, seq_2d, next_n, indices);
-  return cudaGetLastError();
+#ifdef RS8_FORCE_CLUSTER
+  constexpr int kForce = RS8_FORCE_CLUSTER;
+#else
+  constexpr int kForce = 0;
+#endif
+  if (kForce == 16 || (kForce == 0 && num_rows <= fit16[dev]))
+    return launch_cl<K, 16>(logits, stride0, stride1, ncols, seq_lens, seq_2d, next_n, indices,
+                            num_rows, stream);
+  return launch_cl<K, 8>(logits, stride0, stride1, ncols, seq_lens, seq_2d, next_n, indices,
+                         num_rows, stream);
 }
 
 }  // namespace
@@ -806,17 +850,18 @@ int rs8_cache_keys(int k) {
     case 512:
     case 1024:
     case 2048:
-      return rs8::kRegKeys;
+      return rs8::kRowRegKeys / rs8::kCluster;
     default:
       return 0;
   }
 }
 
-// Blocks per row (cluster size).
+// Blocks per row with the portable cluster size (16 where the device allows it
+// and the rows fit at once).
 int rs8_cluster_size(void) { return rs8::kCluster; }
 
 #ifdef RS8_TIMING
-// Copy row 0's stage clocks (kCluster x 16 int64) to host memory.
+// Copy row 0's stage clocks (16 blocks x 16 int64) to host memory.
 int rs8_read_clocks(long long* host) {
   return static_cast<int>(
       cudaMemcpyFromSymbol(host, rs8::g_rs8_clock, sizeof(rs8::g_rs8_clock)));
