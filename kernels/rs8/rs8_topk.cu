@@ -54,15 +54,19 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kLgThreads = kThreads == 1024 ? 10 : kThreads == 512 ? 9 : kThreads == 256 ? 8 : 7;
 static_assert((1 << kLgThreads) == kThreads, "threads per block: 128, 256, 512 or 1024");
 #ifndef RS8_TAIL0
-#define RS8_TAIL0 2  // tail loads in flight per thread while the keys fill registers
+#define RS8_TAIL0 4  // tail float4 loads in flight per thread while keys fill registers
 #endif
 constexpr int kRowRegKeys = 196608;  // keys per row held in registers, whatever the cluster
 // Keys per block held in registers, and float4s of them per thread, for CL blocks per row.
 template <int CL>
 struct Regs {
-  static constexpr int kKeys = kRowRegKeys / CL;
-  static constexpr int kQuads = kKeys / (4 * kThreads);
-  static_assert(kQuads * 4 * kThreads == kKeys, "block shape");
+  // At most 12 float4s (48 keys) per thread: 128 registers with 512 threads.
+  // Clusters of 2 and 4 blocks hold less of a long row; the rest is tail.
+  static constexpr int kQuads = kRowRegKeys / CL / (4 * kThreads) < 12
+                                    ? kRowRegKeys / CL / (4 * kThreads)
+                                    : 12;
+  static constexpr int kKeys = kQuads * 4 * kThreads;
+  static_assert(kQuads >= 1, "block shape");
 };
 constexpr int kDigitBits = 10;    // radix digit width (general path)
 constexpr int kBins = 1 << kDigitBits;
@@ -74,7 +78,9 @@ static_assert(kBins % kThreads == 0, "block shape");
 // same bytes as [hA | hB | cand].  Misc sits after both.
 template <int K, int CL>
 struct Plan {
-  static constexpr int kSegCap = 4 * K / CL;  // candidates one block may contribute
+  // Candidates one block may contribute: 4K (8 and 16 blocks) or 2K (2 and 4)
+  // over the cluster, 2-4x what an ordinary row gives.
+  static constexpr int kSegCap = (CL >= 8 ? 4 : 2) * K / CL;
   static constexpr int kFastBytes = kBins * 4 + kSegCap * 8 + CL * kSegCap * 8;
   static constexpr int kSlowCap = K > kBins ? K : kBins;  // candidate slots, general path
   static constexpr int kSlowBytes = 2 * kBins * 4 + kSlowCap * 8;
@@ -432,6 +438,50 @@ __device__ __noinline__ void general_path(cg::cluster_group& cluster, unsigned c
   }
 }
 
+// Visit the tail of a slice (entries tail0..n-1, re-read from global memory):
+// fn(i, key) for each.  TQ float4 loads in flight per thread when the slice
+// is contiguous and 16-byte aligned (tail0 is a multiple of 4), else 2*TQ
+// scalar loads.
+template <int TQ, typename F>
+__device__ __forceinline__ void scan_tail(const float* chunk, long long stride1, bool vec,
+                                          int tail0, int n, int tid, F&& fn) {
+  if (vec) {
+    const float4* src = reinterpret_cast<const float4*>(chunk);
+    const int q1 = n >> 2;  // full quads
+    for (int v0 = (tail0 >> 2) + tid; v0 < q1; v0 += TQ * kThreads) {
+      float4 f[TQ];
+#pragma unroll
+      for (int w = 0; w < TQ; ++w)
+        if (v0 + w * kThreads < q1) f[w] = __ldg(src + v0 + w * kThreads);
+#pragma unroll
+      for (int w = 0; w < TQ; ++w) {
+        const int v = v0 + w * kThreads;
+        if (v < q1) {
+          fn(4 * v, to_key(__float_as_uint(f[w].x)));
+          fn(4 * v + 1, to_key(__float_as_uint(f[w].y)));
+          fn(4 * v + 2, to_key(__float_as_uint(f[w].z)));
+          fn(4 * v + 3, to_key(__float_as_uint(f[w].w)));
+        }
+      }
+    }
+    const int i = 4 * q1 + tid;  // the last 0-3 entries
+    if (i >= tail0 && i < n) fn(i, to_key(load_bits(chunk + i)));
+  } else {
+    constexpr int kS = 2 * TQ;
+    for (int i0 = tail0 + tid; i0 < n; i0 += kS * kThreads) {
+      unsigned int tk[kS];
+#pragma unroll
+      for (int w = 0; w < kS; ++w) {
+        const int i = i0 + w * kThreads;
+        tk[w] = (i < n) ? load_bits(chunk + static_cast<long long>(i) * stride1) : 0u;
+      }
+#pragma unroll
+      for (int w = 0; w < kS; ++w)
+        if (i0 + w * kThreads < n) fn(i0 + w * kThreads, to_key(tk[w]));
+    }
+  }
+}
+
 // Launched with a cluster dimension of CL (cudaLaunchKernelEx; 16 is non-portable).
 template <int K, int CL>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -510,7 +560,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Entries past the slice load as 0xffffffff, key 0 (the smallest): they
   // never raise a maximum, and the collect step skips them by index.
   unsigned int kq[kQuads][4];
-  if (stride1 == 1 && (reinterpret_cast<uintptr_t>(chunk) & 15) == 0) {
+  const bool vec = stride1 == 1 && (reinterpret_cast<uintptr_t>(chunk) & 15) == 0;
+  if (vec) {
     const float4* src = reinterpret_cast<const float4*>(chunk);
 #pragma unroll
     for (int u = 0; u < kQuads; ++u) {
@@ -544,24 +595,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       mx = kq[u][c] > mx ? kq[u][c] : mx;
     }
   }
-  // Tail: a few independent loads in flight per thread (registers are full).
-  constexpr int kT0 = RS8_TAIL0;
-  for (int i0 = tail0 + tid; i0 < n; i0 += kT0 * kThreads) {
-    unsigned int tk[kT0];
-#pragma unroll
-    for (int w = 0; w < kT0; ++w) {
-      const int i = i0 + w * kThreads;
-      tk[w] = (i < n) ? load_bits(chunk + static_cast<long long>(i) * stride1) : 0u;
-    }
-#pragma unroll
-    for (int w = 0; w < kT0; ++w) {
-      if (i0 + w * kThreads < n) {
-        const unsigned int k = to_key(tk[w]);
-        mx = k > mx ? k : mx;
-        has = true;
-      }
-    }
-  }
+  // Tail (long slices with small clusters): streamed, only its maximum kept.
+  scan_tail<RS8_TAIL0>(chunk, stride1, vec, tail0, n, tid, [&](int, unsigned int k) {
+    mx = k > mx ? k : mx;
+    has = true;
+  });
   if (has) atomicAdd(&hist[bucket(mx)], 1u);
   __syncthreads();
   asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // every block is running
@@ -635,23 +673,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   }
-  constexpr int kT = 8;
-  for (int i0 = tail0 + tid; i0 < n; i0 += kT * kThreads) {
-    unsigned int tk[kT];
-#pragma unroll
-    for (int w = 0; w < kT; ++w) {
-      const int i = i0 + w * kThreads;
-      tk[w] = (i < n) ? load_bits(chunk + static_cast<long long>(i) * stride1) : 0u;
-    }
-#pragma unroll
-    for (int w = 0; w < kT; ++w) {
-      const int i = i0 + w * kThreads;
-      if (i < n) {
-        const unsigned int k = to_key(tk[w]);
-        if (k >= thr) push(i, k);
-      }
-    }
-  }
+  scan_tail<8>(chunk, stride1, vec, tail0, n, tid, [&](int i, unsigned int k) {
+    if (k >= thr) push(i, k);
+  });
   __syncthreads();
   RS8_MARK(4);
   const unsigned int nloc = misc->nloc;
@@ -784,23 +808,26 @@ cudaError_t launch_cl(const float* logits, long long stride0, long long stride1,
                             seq_lens, seq_2d, next_n, indices);
 }
 
-// Rows get 16 blocks each while they all fit on the device at once and the
-// device allows 16-block clusters (H100/H200); otherwise 8 (the portable
-// size), with rows beyond one wave running in waves.  The choice depends only
-// on the row count and the device, so a captured graph stays valid.
+// Each row gets the largest cluster (16 blocks where the device allows it,
+// then 8, 4, 2) with which every row fits on the device at once: one wave of
+// smaller clusters beats waves of larger ones.  Beyond what 2-block clusters
+// hold at once, rows run in waves.  The choice depends only on the row count
+// and the device, so a captured graph stays valid.
 template <int K>
 cudaError_t launch(const float* logits, long long stride0, long long stride1, long long ncols,
                    const int* seq_lens, int seq_2d, int next_n, int* indices, int num_rows,
                    cudaStream_t stream) {
-  static int fit16[64] = {};
+  static int fit16[64] = {}, fit8[64] = {}, fit4[64] = {};
   static bool ready[64] = {};
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return e;
   if (dev < 0 || dev >= 64) return cudaErrorInvalidDevice;
   if (!ready[dev]) {
-    if (resident_clusters<K, 8>() == 0) return cudaErrorInvalidConfiguration;
+    if (resident_clusters<K, 2>() == 0) return cudaErrorInvalidConfiguration;
     fit16[dev] = resident_clusters<K, 16>();
+    fit8[dev] = resident_clusters<K, 8>();
+    fit4[dev] = resident_clusters<K, 4>();
     ready[dev] = true;
   }
 #ifdef RS8_FORCE_CLUSTER
@@ -811,7 +838,13 @@ cudaError_t launch(const float* logits, long long stride0, long long stride1, lo
   if (kForce == 16 || (kForce == 0 && num_rows <= fit16[dev]))
     return launch_cl<K, 16>(logits, stride0, stride1, ncols, seq_lens, seq_2d, next_n, indices,
                             num_rows, stream);
-  return launch_cl<K, 8>(logits, stride0, stride1, ncols, seq_lens, seq_2d, next_n, indices,
+  if (kForce == 8 || (kForce == 0 && num_rows <= fit8[dev]))
+    return launch_cl<K, 8>(logits, stride0, stride1, ncols, seq_lens, seq_2d, next_n, indices,
+                           num_rows, stream);
+  if (kForce == 4 || (kForce == 0 && num_rows <= fit4[dev]))
+    return launch_cl<K, 4>(logits, stride0, stride1, ncols, seq_lens, seq_2d, next_n, indices,
+                           num_rows, stream);
+  return launch_cl<K, 2>(logits, stride0, stride1, ncols, seq_lens, seq_2d, next_n, indices,
                          num_rows, stream);
 }
 
