@@ -52,6 +52,27 @@ for L in (100, 5000, 150000, 190000):
           (out.cpu() != ref).sum().item())
 PY
 fi
+if [[ " $STEPS " == *" sanitize "* ]]; then  # memcheck, racecheck, synccheck on small calls
+  cat >/tmp/rs8_san.py <<'PY'
+import sys, torch
+sys.path.insert(0, "kernels/rs8/python")
+import rs8_op, rs8_ref
+for rows, L in ((6, 5000), (6, 150000), (48, 120000)):  # 16-, 16- and 4-block clusters
+    x = torch.randn(rows, L, device="cuda")
+    x[1] = 0.5  # one constant row: the general path
+    seq = torch.full((rows, 1), L, dtype=torch.int32, device="cuda")
+    out = torch.full((rows, 512), -7, dtype=torch.int32, device="cuda")
+    rs8_op.launch(x, 1, seq, out, rows, L, 1, 512)
+    torch.cuda.synchronize()
+    ref = rs8_ref.topk_decode_ref(x.cpu(), 1, seq.cpu(), 512)
+    print("sanitized run", rows, L, "equal" if torch.equal(out.cpu(), ref) else "DIFF")
+PY
+  for tool in memcheck racecheck synccheck; do
+    echo "== compute-sanitizer --tool $tool" | tee -a "$OUT/sanitize.log"
+    timeout 240 compute-sanitizer --tool "$tool" python3 /tmp/rs8_san.py 2>&1 | tail -6 |
+      tee -a "$OUT/sanitize.log"
+  done
+fi
 if [[ " $STEPS " == *" tests "* ]]; then
   timeout 300 python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu -x \
     tests/test_rs8_gpu.py 2>&1 | tee "$OUT/gpu_tests.log"

@@ -86,7 +86,7 @@ def per_row(lengths: list[int]) -> torch.Tensor:
 
 
 def edge_lengths(k: int, gen: torch.Generator) -> list[int]:
-    """Lengths at every boundary: k, the block cache and the cache of 8, 4 and 2 blocks."""
+    """Lengths at every boundary: k, one block's register-held keys and 2, 4 and 8 times that."""
     cache = rs8_op.cache_keys(k)
     fixed = [1, 2, k - 1, k, k + 1, k + 2, 1000, 4097, cache - 1, cache, cache + 1]
     for blocks in (2, 4, 8):
@@ -99,10 +99,11 @@ def edge_lengths(k: int, gen: torch.Generator) -> list[int]:
 
 @pytest.mark.parametrize("k", [512, 1024, 2048])
 def test_random_rows_all_lengths(k: int) -> None:
-    """Six rows per call (8-block clusters), then all rows and 4x that in one call.
+    """Six rows per call (16-block clusters on an H200), then all rows and 4x that in one call.
 
-    Many rows make the kernel use 4- or 2-block clusters (one wave), so every
-    cluster size and its tail path is checked.
+    Many rows make the kernel use 8- and then 4-block clusters (the latter in
+    waves, with long tails past the register-held keys), so every cluster size
+    and its tail path is checked.
     """
     gen = torch.Generator().manual_seed(k)
     lengths = edge_lengths(k, gen)

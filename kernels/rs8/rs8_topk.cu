@@ -61,7 +61,7 @@ constexpr int kRowRegKeys = 196608;  // keys per row held in registers, whatever
 template <int CL>
 struct Regs {
   // At most 12 float4s (48 keys) per thread: 128 registers with 512 threads.
-  // Clusters of 2 and 4 blocks hold less of a long row; the rest is tail.
+  // 4-block clusters hold less of a long row; the rest is tail.
   static constexpr int kQuads = kRowRegKeys / CL / (4 * kThreads) < 12
                                     ? kRowRegKeys / CL / (4 * kThreads)
                                     : 12;
@@ -78,7 +78,7 @@ static_assert(kBins % kThreads == 0, "block shape");
 // same bytes as [hA | hB | cand].  Misc sits after both.
 template <int K, int CL>
 struct Plan {
-  // Candidates one block may contribute: 4K (8 and 16 blocks) or 2K (2 and 4)
+  // Candidates one block may contribute: 4K (8 and 16 blocks) or 2K (4 blocks)
   // over the cluster, 2-4x what an ordinary row gives.
   static constexpr int kSegCap = (CL >= 8 ? 4 : 2) * K / CL;
   static constexpr int kFastBytes = kBins * 4 + kSegCap * 8 + CL * kSegCap * 8;
@@ -809,25 +809,26 @@ cudaError_t launch_cl(const float* logits, long long stride0, long long stride1,
 }
 
 // Each row gets the largest cluster (16 blocks where the device allows it,
-// then 8, 4, 2) with which every row fits on the device at once: one wave of
-// smaller clusters beats waves of larger ones.  Beyond what 2-block clusters
-// hold at once, rows run in waves.  The choice depends only on the row count
+// then 8) with which every row fits on the device at once: one wave of
+// smaller clusters beats waves of larger ones.  Otherwise 4 blocks, in waves
+// when needed (2-block clusters measured far slower: with only 1,024
+// per-thread maxima over ~100 keys each, the threshold is loose and blocks
+// overflow into the general path).  The choice depends only on the row count
 // and the device, so a captured graph stays valid.
 template <int K>
 cudaError_t launch(const float* logits, long long stride0, long long stride1, long long ncols,
                    const int* seq_lens, int seq_2d, int next_n, int* indices, int num_rows,
                    cudaStream_t stream) {
-  static int fit16[64] = {}, fit8[64] = {}, fit4[64] = {};
+  static int fit16[64] = {}, fit8[64] = {};
   static bool ready[64] = {};
   int dev = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e != cudaSuccess) return e;
   if (dev < 0 || dev >= 64) return cudaErrorInvalidDevice;
   if (!ready[dev]) {
-    if (resident_clusters<K, 2>() == 0) return cudaErrorInvalidConfiguration;
+    if (resident_clusters<K, 4>() == 0) return cudaErrorInvalidConfiguration;
     fit16[dev] = resident_clusters<K, 16>();
     fit8[dev] = resident_clusters<K, 8>();
-    fit4[dev] = resident_clusters<K, 4>();
     ready[dev] = true;
   }
 #ifdef RS8_FORCE_CLUSTER
@@ -841,10 +842,7 @@ cudaError_t launch(const float* logits, long long stride0, long long stride1, lo
   if (kForce == 8 || (kForce == 0 && num_rows <= fit8[dev]))
     return launch_cl<K, 8>(logits, stride0, stride1, ncols, seq_lens, seq_2d, next_n, indices,
                            num_rows, stream);
-  if (kForce == 4 || (kForce == 0 && num_rows <= fit4[dev]))
-    return launch_cl<K, 4>(logits, stride0, stride1, ncols, seq_lens, seq_2d, next_n, indices,
-                           num_rows, stream);
-  return launch_cl<K, 2>(logits, stride0, stride1, ncols, seq_lens, seq_2d, next_n, indices,
+  return launch_cl<K, 4>(logits, stride0, stride1, ncols, seq_lens, seq_2d, next_n, indices,
                          num_rows, stream);
 }
 

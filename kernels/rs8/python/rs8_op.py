@@ -65,7 +65,7 @@ def load_library() -> ctypes.CDLL:
 
 
 def cache_keys(k: int) -> int:
-    """Keys each block caches in shared memory for this k (tests probe its edges)."""
+    """Keys one block of an 8-block cluster holds in registers (tests probe its edges)."""
     return int(load_library().rs8_cache_keys(k))
 
 
