@@ -81,7 +81,11 @@ struct Plan {
   // Candidates one block may contribute: 4K (8 and 16 blocks) or 2K (4 blocks)
   // over the cluster, 2-4x what an ordinary row gives.
   static constexpr int kSegCap = (CL >= 8 ? 4 : 2) * K / CL;
-  static constexpr int kFastBytes = kBins * 4 + kSegCap * 8 + CL * kSegCap * 8;
+  // Lists sit kSegCap + 1 composites apart: with a power-of-2 stride every list
+  // would start in the same shared-memory bank, and the rank step's binary
+  // searches (one list per lane, similar indices) would conflict CL ways.
+  static constexpr int kSegStride = kSegCap + 1;
+  static constexpr int kFastBytes = kBins * 4 + kSegCap * 8 + CL * kSegStride * 8;
   static constexpr int kSlowCap = K > kBins ? K : kBins;  // candidate slots, general path
   static constexpr int kSlowBytes = 2 * kBins * 4 + kSlowCap * 8;
   static constexpr int kAreaBytes = kFastBytes > kSlowBytes ? kFastBytes : kSlowBytes;
@@ -490,11 +494,12 @@ __global__ void __launch_bounds__(kThreads, 1)
                        int* __restrict__ indices) {
   using P = Plan<K, CL>;
   constexpr int kSegCap = P::kSegCap;
+  constexpr int kSegStride = P::kSegStride;
   constexpr int kQuads = Regs<CL>::kQuads;
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned int* hist = reinterpret_cast<unsigned int*>(smem);
   unsigned long long* U = reinterpret_cast<unsigned long long*>(smem + kBins * 4);
-  unsigned long long* seg = U + kSegCap;  // [CL][kSegCap]: every block's sorted list
+  unsigned long long* seg = U + kSegCap;  // [CL][kSegStride]: every block's sorted list
   Misc* misc = reinterpret_cast<Misc*>(smem + P::kAreaBytes);
 
   cg::cluster_group cluster = cg::this_cluster();
@@ -703,7 +708,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       unsigned int gt = gt0 + gt1;
       for (unsigned int off = 1; off < G; off <<= 1) gt += __shfl_xor_sync(0xffffffffu, gt, off);
       if (e < nloc) {
-        const unsigned int dst = smem_addr(seg + rank * kSegCap + gt);
+        const unsigned int dst = smem_addr(seg + rank * kSegStride + gt);
         for (unsigned int q = g; q < static_cast<unsigned int>(CL); q += G)
           push_u64(peer_addr(dst, static_cast<int>(q)), me,
                    peer_addr(mb_list, static_cast<int>(q)));
@@ -727,7 +732,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // ---- 4. rank own entries against all lists; write indices ----------------
   if (fast && total >= static_cast<unsigned int>(K)) {
-    const unsigned long long* own = seg + rank * kSegCap;
+    const unsigned long long* own = seg + rank * kSegStride;
     for (unsigned int base = 0; base < nloc * CL; base += kThreads) {
       const unsigned int idx = base + tid;
       const unsigned int e = idx / CL;
@@ -739,7 +744,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (q == rank) {
           gt = e;
         } else {
-          const unsigned long long* list = seg + q * kSegCap;
+          const unsigned long long* list = seg + q * kSegStride;
           unsigned int a = 0, b = misc->segn[q];
           while (a < b) {  // first entry not greater than me (lists descend)
             const unsigned int mid = (a + b) >> 1;
