@@ -1,0 +1,131 @@
+"""CPU model of rs8's fast-path threshold: candidates per block for several row shapes.
+
+Why: the fast path keeps a row only if every block's keys >= T fit its list
+(kSegCap = 4k/CL composites for 8 and 16 blocks, 2k/CL for 4); otherwise every block
+takes the slow general path. T is the lower edge of the coarse bucket holding the k-th
+largest per-thread maximum. The GPU benchmark used Gaussian rows only; this replays the
+kernel's own layout (512 threads, float4 quads, slices of ceil(L/CL) rounded to 4) and
+bucket map on other shapes, without a GPU, and prints how close each comes to the cap.
+
+    python3 bench/rs8_candidates.py --ctx 112464,191998 --clusters 16,8,4
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+
+import torch
+
+THREADS = 512
+ROW_REG_KEYS = 196_608
+E_LO = 113  # exponent of 2^-14, as in the kernel
+
+
+def to_key(x: torch.Tensor) -> torch.Tensor:
+    """float32 -> int64 key whose order is the float total order (as the kernel's to_key)."""
+    u = x.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    neg = (u >> 31) == 1
+    return torch.where(neg, u ^ 0xFFFFFFFF, u | 0x80000000)
+
+
+def mag_bin(u: torch.Tensor) -> torch.Tensor:
+    b = (u - (E_LO << 23)) >> 19
+    return torch.where(u < (E_LO << 23), torch.zeros_like(u), b.clamp(max=511))
+
+
+def bucket(k: torch.Tensor) -> torch.Tensor:
+    pos = (k & 0x80000000) != 0
+    return torch.where(pos, 512 + mag_bin(k & 0x7FFFFFFF), 511 - mag_bin(0x7FFFFFFF - k))
+
+
+def bucket_lo(b: int) -> int:
+    def mag_lo(m: int) -> int:
+        return 0 if m == 0 else (E_LO << 23) + (m << 19)
+
+    def mag_hi(m: int) -> int:
+        return 0x7FFFFFFF if m >= 511 else (E_LO << 23) + ((m + 1) << 19) - 1
+
+    return 0x80000000 + mag_lo(b - 512) if b >= 512 else 0x7FFFFFFF - mag_hi(511 - b)
+
+
+def per_thread_max(keys: torch.Tensor, quads: int) -> torch.Tensor:
+    """Max key per thread of one block's slice: thread t holds quads t + u*THREADS (u < quads)
+    in registers; the rest of the slice (the tail) is spread over threads by index."""
+    n = keys.numel()
+    mx = torch.full((THREADS,), -1, dtype=torch.int64)
+    held = min(n // 4, quads * THREADS)
+    q = keys[: 4 * held].view(-1, 4).amax(dim=1)  # per quad
+    v = torch.arange(held)
+    mx.scatter_reduce_(0, v % THREADS, q, reduce="amax")
+    tail = keys[4 * held :]
+    if tail.numel():
+        t = torch.arange(tail.numel()) % THREADS
+        mx.scatter_reduce_(0, t, tail, reduce="amax")
+    return mx[mx >= 0]
+
+
+def simulate(row: torch.Tensor, k: int, cl: int) -> tuple[int, int, float]:
+    """(largest block's candidate count, the cap, candidates over k) for one row."""
+    n_len = row.numel()
+    cs = ((math.ceil(n_len / cl)) + 3) & ~3
+    quads = min(ROW_REG_KEYS // cl // (4 * THREADS), 12)
+    keys = to_key(row)
+    maxima = torch.cat([per_thread_max(keys[r * cs : (r + 1) * cs], quads) for r in range(cl)])
+    hist = torch.bincount(bucket(maxima), minlength=1024)
+    above = torch.flip(torch.cumsum(torch.flip(hist, [0]), 0), [0])  # count of maxima >= bin
+    hit = torch.nonzero(above >= k)
+    thr = 0 if hit.numel() == 0 else bucket_lo(int(hit.max()))
+    per_block = [int((keys[r * cs : (r + 1) * cs] >= thr).sum()) for r in range(cl)]
+    cap = (4 if cl >= 8 else 2) * k // cl
+    return max(per_block), cap, sum(per_block) / k
+
+
+def shapes(gen: torch.Generator) -> dict[str, Callable[[int], torch.Tensor]]:
+    def relu_sum(n: int) -> torch.Tensor:  # indexer-like: weighted sum of 8 ReLU'd heads
+        w = torch.rand(8, 1, generator=gen)
+        return (w * torch.relu(torch.randn(8, n, generator=gen))).sum(0)
+
+    return {
+        "normal": lambda n: torch.randn(n, generator=gen),
+        "relu(normal)": lambda n: torch.relu(torch.randn(n, generator=gen)),
+        "exponential": lambda n: torch.empty(n).exponential_(generator=gen),
+        "lognormal(0,2)": lambda n: torch.empty(n).log_normal_(0.0, 2.0, generator=gen),
+        "sum of 8 relu heads": relu_sum,
+        "normal, sorted ascending": lambda n: torch.sort(torch.randn(n, generator=gen)).values,
+        "normal, last 2% of positions +2 (recency)": lambda n: (
+            torch.randn(n, generator=gen) + torch.where(torch.arange(n) >= n - n // 50, 2.0, 0.0)
+        ),
+        "normal, last 2% of positions +1 (recency)": lambda n: (
+            torch.randn(n, generator=gen) + torch.where(torch.arange(n) >= n - n // 50, 1.0, 0.0)
+        ),
+        "normal + 1% spikes at 10": lambda n: torch.where(
+            torch.rand(n, generator=gen) < 0.01, torch.tensor(10.0), torch.randn(n, generator=gen)
+        ),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--ctx", default="112464,191998")
+    parser.add_argument("--clusters", default="16,8,4")
+    parser.add_argument("--k", type=int, default=512)
+    parser.add_argument("--rows", type=int, default=3, help="random rows per shape")
+    args = parser.parse_args()
+    gen = torch.Generator().manual_seed(0)
+    print("| shape | ctx | blocks | largest block / cap | candidates / k | path |")
+    print("|---|---|---|---|---|---|")
+    for name, make in shapes(gen).items():
+        for ctx in (int(c) for c in args.ctx.split(",")):
+            for cl in (int(c) for c in args.clusters.split(",")):
+                worst, ratio, cap = 0, 0.0, 0
+                for _ in range(args.rows):
+                    w, cap, r = simulate(make(ctx), args.k, cl)
+                    worst, ratio = max(worst, w), max(ratio, r)
+                path = "fast" if worst <= cap else "general (overflow)"
+                print(f"| {name} | {ctx} | {cl} | {worst} / {cap} | {ratio:.2f} | {path} |")
+
+
+if __name__ == "__main__":
+    main()
