@@ -14,20 +14,18 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels" / "rs8" / "python"))
+from rs8_ref import float_keys  # the kernel's to_key, as int64
 
 THREADS = 512
 ROW_REG_KEYS = 196_608
 E_LO = 113  # exponent of 2^-14, as in the kernel
-
-
-def to_key(x: torch.Tensor) -> torch.Tensor:
-    """float32 -> int64 key whose order is the float total order (as the kernel's to_key)."""
-    u = x.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-    neg = (u >> 31) == 1
-    return torch.where(neg, u ^ 0xFFFFFFFF, u | 0x80000000)
 
 
 def mag_bin(u: torch.Tensor) -> torch.Tensor:
@@ -71,7 +69,7 @@ def simulate(row: torch.Tensor, k: int, cl: int) -> tuple[int, int, float]:
     n_len = row.numel()
     cs = ((math.ceil(n_len / cl)) + 3) & ~3
     quads = min(ROW_REG_KEYS // cl // (4 * THREADS), 12)
-    keys = to_key(row)
+    keys = float_keys(row)
     maxima = torch.cat([per_thread_max(keys[r * cs : (r + 1) * cs], quads) for r in range(cl)])
     hist = torch.bincount(bucket(maxima), minlength=1024)
     above = torch.flip(torch.cumsum(torch.flip(hist, [0]), 0), [0])  # count of maxima >= bin
