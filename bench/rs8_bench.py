@@ -35,9 +35,9 @@ L2_SPAN = 160 * 2**20  # bytes of inputs cycled per graph, > 2x the H200's L2
 Launch = Callable[[int], None]
 
 
-def graph_time_us(fn: Launch, nbuf: int, replays: int) -> float:
-    """Median µs per call over graph replays of >= 24 calls that cycle the buffers."""
-    calls = nbuf * math.ceil(24 / nbuf)
+def graph_time_us(fn: Launch, nbuf: int, replays: int, min_calls: int = 24) -> float:
+    """Median µs per call over graph replays of >= min_calls calls that cycle the buffers."""
+    calls = nbuf * math.ceil(min_calls / nbuf)
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         for i in range(nbuf):

@@ -11,37 +11,20 @@ per-call time for 1..N rows of one length so that step can be read off, next to 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels" / "rs8" / "python"))
 import rs8_op
+from rs8_bench import graph_time_us
 
 
-def per_call_us(fn, calls: int = 32, replays: int = 15) -> float:  # type: ignore[no-untyped-def]
-    """Median µs per call over replays of a graph of `calls` calls."""
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0 / calls)
-    return statistics.median(times)
+def per_call_us(fn: Callable[[], object]) -> float:
+    """Median µs per call over 15 replays of a graph of 32 calls (rs8_bench's timer)."""
+    return graph_time_us(lambda _i: fn(), 1, 15, min_calls=32)
 
 
 def main() -> None:
