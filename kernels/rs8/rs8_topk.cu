@@ -288,14 +288,10 @@ __device__ __forceinline__ void publish_group_sums(const unsigned int* hist, uns
 template <int K, int CL>
 __device__ __noinline__ void general_path(cg::cluster_group& cluster, unsigned char* smem,
                                           Misc* misc, const float* chunk, long long stride1,
-                                          int n, int start, int Li, int* out, int rank,
-                                          int row) {
+                                          int n, int start, int Li, int* out, int rank) {
   using P = Plan<K, CL>;
   const int tid = threadIdx.x;
   const int lane = tid & 31;
-  const int warp = tid >> 5;
-  (void)row;
-  (void)warp;
   unsigned int* hA = reinterpret_cast<unsigned int*>(smem);
   unsigned int* hB = hA + kBins;
   unsigned long long* cand = reinterpret_cast<unsigned long long*>(smem + 2 * kBins * 4);
@@ -761,7 +757,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
   // Too many candidates in some block: every block takes the general path.
-  general_path<K, CL>(cluster, smem, misc, chunk, stride1, n, start, Li, out, rank, row);
+  general_path<K, CL>(cluster, smem, misc, chunk, stride1, n, start, Li, out, rank);
 }
 
 // Launch configuration for CL blocks per row (cluster dimension set at launch).
