@@ -1,7 +1,8 @@
 """CPU model of rs8's fast-path threshold: candidates per block for several row shapes.
 
 Why: the fast path keeps a row only if every block's keys >= T fit its list
-(kSegCap = 4k/CL composites for 8 and 16 blocks, 2k/CL for 4); otherwise every block
+(kSegCap = SEG_BUDGET/(CL+1) - 1 since run 29 of NOTES.md; 4k/CL for 8 and 16 blocks and
+2k/CL for 4 before, `--old-cap`); otherwise every block
 takes the slow general path. T is the lower edge of the coarse bucket holding the k-th
 largest per-thread maximum. The GPU benchmark used Gaussian rows only; this replays the
 kernel's own layout (512 threads, float4 quads, slices of ceil(L/CL) rounded to 4) and
@@ -26,6 +27,16 @@ from rs8_ref import float_keys  # the kernel's to_key, as int64
 THREADS = 512
 ROW_REG_KEYS = 196_608
 E_LO = 113  # exponent of 2^-14, as in the kernel
+# Composites per candidate list (rs8_topk.cu's kSegCap): SM120's 99 KB less Misc (4,608 B)
+# and the maxima histogram (4 KB), over 8 B, shared by the block's own list and CL received.
+SEG_BUDGET = (101_376 - 4_608 - 4_096) // 8
+
+
+def list_cap(k: int, cl: int, old: bool = False) -> int:
+    """Per-block candidate list capacity of the kernel (v13's with old=True)."""
+    if old:
+        return (4 if cl >= 8 else 2) * k // cl
+    return SEG_BUDGET // (cl + 1) - 1
 
 
 def mag_bin(u: torch.Tensor) -> torch.Tensor:
@@ -64,7 +75,7 @@ def per_thread_max(keys: torch.Tensor, quads: int) -> torch.Tensor:
     return mx[mx >= 0]
 
 
-def simulate(row: torch.Tensor, k: int, cl: int) -> tuple[int, int, float]:
+def simulate(row: torch.Tensor, k: int, cl: int, old: bool = False) -> tuple[int, int, float]:
     """(largest block's candidate count, the cap, candidates over k) for one row."""
     n_len = row.numel()
     cs = ((math.ceil(n_len / cl)) + 3) & ~3
@@ -76,7 +87,7 @@ def simulate(row: torch.Tensor, k: int, cl: int) -> tuple[int, int, float]:
     hit = torch.nonzero(above >= k)
     thr = 0 if hit.numel() == 0 else bucket_lo(int(hit.max()))
     per_block = [int((keys[r * cs : (r + 1) * cs] >= thr).sum()) for r in range(cl)]
-    cap = (4 if cl >= 8 else 2) * k // cl
+    cap = list_cap(k, cl, old)
     return max(per_block), cap, sum(per_block) / k
 
 
@@ -110,6 +121,7 @@ def main() -> None:
     parser.add_argument("--clusters", default="16,8,4")
     parser.add_argument("--k", type=int, default=512)
     parser.add_argument("--rows", type=int, default=3, help="random rows per shape")
+    parser.add_argument("--old-cap", action="store_true", help="v13's caps (4k/CL, 2k/CL)")
     args = parser.parse_args()
     gen = torch.Generator().manual_seed(0)
     print("| shape | ctx | blocks | largest block / cap | candidates / k | path |")
@@ -119,7 +131,7 @@ def main() -> None:
             for cl in (int(c) for c in args.clusters.split(",")):
                 worst, ratio, cap = 0, 0.0, 0
                 for _ in range(args.rows):
-                    w, cap, r = simulate(make(ctx), args.k, cl)
+                    w, cap, r = simulate(make(ctx), args.k, cl, args.old_cap)
                     worst, ratio = max(worst, w), max(ratio, r)
                 path = "fast" if worst <= cap else "general (overflow)"
                 print(f"| {name} | {ctx} | {cl} | {worst} / {cap} | {ratio:.2f} | {path} |")

@@ -160,6 +160,37 @@ def test_adversarial_rows(k: int, n: int) -> None:
     assert mismatched_rows(logits.cuda(), 1, per_row(lengths), k) == []
 
 
+def skewed(n: int, gen: torch.Generator) -> torch.Tensor:
+    """Rows whose winners crowd into one slice of the cluster (recency bias, spikes, runs).
+
+    Before the per-block lists grew to fill shared memory, these overflowed one
+    block's list and sent the whole row to the general path
+    (bench/rs8_candidates.py); either way the output must stay exact.
+    """
+    pos = torch.arange(n)
+    base = torch.randn(n, generator=gen)
+    rows = [
+        base + torch.where(pos >= n - n // 50, 2.0, 0.0),  # recency: last 2% +2 sigma
+        base + torch.where(pos >= n - n // 50, 1.0, 0.0),
+        torch.where(torch.rand(n, generator=gen) < 0.01, torch.tensor(10.0), base),
+        torch.sort(torch.randn(n, generator=gen)).values,  # ascending: all winners at the end
+        torch.relu(base) + torch.where(pos < n // 40, 3.0, 0.0),  # a hot prefix, zero ties
+        torch.round(base * 2) / 2 + torch.where(pos >= n - n // 30, 1.5, 0.0),
+    ]
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("k", [512, 1024, 2048])
+def test_skewed_rows(k: int) -> None:
+    """Skewed rows on 16-block clusters (6 rows) and 4-block clusters (48 rows, tails)."""
+    gen = torch.Generator().manual_seed(7 * k)
+    for n in (112_464, 191_998):
+        logits = skewed(n, gen).cuda()
+        assert mismatched_rows(logits, 1, per_row([n] * 6), k) == [], n
+        many = logits.repeat(8, 1)
+        assert mismatched_rows(many, 1, per_row([n] * 48), k) == [], n
+
+
 def test_noncontiguous_strides_and_1d_seq_lens() -> None:
     gen = torch.Generator().manual_seed(99)
     rows, width, k, next_n = 12, 190_003, 512, 6
