@@ -238,6 +238,22 @@ __device__ __forceinline__ unsigned int warp_suffix_incl(unsigned int x, int lan
   return x;
 }
 
+// The lane whose bin holds the need-th largest entry, with bins ascending by
+// lane and `base` entries above lane 31's bin: sets hit_lane, above (entries
+// in higher bins) and cnt (entries in that bin); false if the warp's bins
+// hold fewer than need - base.  Uniform across the warp.
+__device__ __forceinline__ bool warp_cut(unsigned int x, unsigned int base, unsigned int need,
+                                         int lane, int& hit_lane, unsigned int& above,
+                                         unsigned int& cnt) {
+  const unsigned int ab = base + warp_suffix_incl(x, lane) - x;
+  const unsigned int hit = __ballot_sync(0xffffffffu, ab < need && need <= ab + x);
+  if (hit == 0) return false;
+  hit_lane = __ffs(hit) - 1;
+  above = __shfl_sync(0xffffffffu, ab, hit_lane);
+  cnt = __shfl_sync(0xffffffffu, x, hit_lane);
+  return true;
+}
+
 // Warp 0 of every block: the bin holding the krem-th largest count of the
 // cluster's histograms `hist` (group sums in `gsum`), in two small DSMEM
 // rounds (32 group sums, then the 32 bins of the chosen group).  Returns
@@ -254,25 +270,18 @@ __device__ __forceinline__ bool find_bin(cg::cluster_group& cluster, unsigned in
   unsigned int tg = 0;
 #pragma unroll
   for (int q = 0; q < CL; ++q) tg += gq[q];
-  const unsigned int ginc = warp_suffix_incl(tg, lane);
-  const unsigned int gabove = ginc - tg;  // keys in groups above this lane's
-  const unsigned int ghit = __ballot_sync(0xffffffffu, gabove < krem && krem <= ginc);
-  if (ghit == 0) return false;
-  const int g = __ffs(ghit) - 1;
-  const unsigned int base_above = __shfl_sync(0xffffffffu, gabove, g);
+  int g = 0;
+  unsigned int base_above = 0, gcnt = 0;
+  if (!warp_cut(tg, 0u, krem, lane, g, base_above, gcnt)) return false;
   unsigned int bq[CL];
 #pragma unroll
   for (int q = 0; q < CL; ++q) bq[q] = cluster.map_shared_rank(hist, q)[32 * g + lane];
   unsigned int c = 0;
 #pragma unroll
   for (int q = 0; q < CL; ++q) c += bq[q];
-  const unsigned int binc = warp_suffix_incl(c, lane);
-  const unsigned int ab = base_above + (binc - c);
-  const unsigned int hit = __ballot_sync(0xffffffffu, ab < krem && krem <= ab + c);
-  const int l = __ffs(hit) - 1;  // exactly one lane (the counts add up)
+  int l = 0;
+  warp_cut(c, base_above, krem, lane, l, above, cnt);  // found: the group's counts add up
   bin = 32u * g + l;
-  above = __shfl_sync(0xffffffffu, ab, l);
-  cnt = __shfl_sync(0xffffffffu, c, l);
   return true;
 }
 
@@ -626,13 +635,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     unsigned int tg = 0;
 #pragma unroll
     for (int q = 0; q < CL; ++q) tg += misc->gs_all[q][lane];
-    const unsigned int ginc = warp_suffix_incl(tg, lane);
-    const unsigned int gabove = ginc - tg;
-    const unsigned int ghit = __ballot_sync(0xffffffffu, gabove < K && K <= ginc);
-    // No hit: fewer than K maxima in the row (short rows), T = 0, every key.
-    if (ghit != 0) {
-      const int g = __ffs(ghit) - 1;
-      const unsigned int base_above = __shfl_sync(0xffffffffu, gabove, g);
+    int g = 0;
+    unsigned int base_above = 0, gcnt = 0;
+    // No group: fewer than K maxima in the row (short rows), T = 0, every key.
+    if (warp_cut(tg, 0u, K, lane, g, base_above, gcnt)) {
       const unsigned int mine = hist[32 * g + lane];
       const unsigned int dst = smem_addr(&misc->bin_all[rank][lane]);
 #pragma unroll
@@ -641,10 +647,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       unsigned int c = 0;
 #pragma unroll
       for (int q = 0; q < CL; ++q) c += misc->bin_all[q][lane];
-      const unsigned int binc = warp_suffix_incl(c, lane);
-      const unsigned int ab = base_above + (binc - c);
-      const unsigned int hit = __ballot_sync(0xffffffffu, ab < K && K <= ab + c);
-      if (lane == 0) misc->thr = bucket_lo(32u * g + (__ffs(hit) - 1));
+      int l = 0;
+      unsigned int ab = 0, bc = 0;
+      warp_cut(c, base_above, K, lane, l, ab, bc);  // found: the group's counts add up
+      if (lane == 0) misc->thr = bucket_lo(32u * g + l);
     }
   }
   __syncthreads();
