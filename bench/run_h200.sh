@@ -36,41 +36,15 @@ for v in ${VARIANTS:-}; do
     variant_args+=(--variant "$name=/tmp/rs8v_$name/librs8.so")
 done
 
-if [[ " $STEPS " == *" smoke "* ]]; then
-  timeout 60 python3 - <<'PY' 2>&1 | tee "$OUT/smoke.log"
-import sys, torch
-sys.path.insert(0, "kernels/rs8/python")
-import rs8_op, rs8_ref
-for L in (100, 5000, 150000, 190000):
-    x = torch.randn(6, L, device="cuda")
-    seq = torch.full((6, 1), L, dtype=torch.int32, device="cuda")
-    out = torch.full((6, 512), -7, dtype=torch.int32, device="cuda")
-    rs8_op.launch(x, 1, seq, out, 6, L, 1, 512)
-    torch.cuda.synchronize()
-    ref = rs8_ref.topk_decode_ref(x.cpu(), 1, seq.cpu(), 512)
-    print("smoke", L, "equal" if torch.equal(out.cpu(), ref) else "DIFF",
-          (out.cpu() != ref).sum().item())
-PY
+if [[ " $STEPS " == *" smoke "* ]]; then  # one row shape per cluster size, exact or not
+  timeout 60 python3 bench/rs8_check.py 6x100 6x5000 6x150000 6x190000 2>&1 | tee "$OUT/smoke.log"
 fi
 if [[ " $STEPS " == *" sanitize "* ]]; then  # memcheck, racecheck, synccheck on small calls
-  cat >/tmp/rs8_san.py <<'PY'
-import sys, torch
-sys.path.insert(0, "kernels/rs8/python")
-import rs8_op, rs8_ref
-for rows, L in ((6, 5000), (6, 150000), (48, 120000)):  # 16-, 16- and 4-block clusters
-    x = torch.randn(rows, L, device="cuda")
-    x[1] = 0.5  # one constant row: the general path
-    seq = torch.full((rows, 1), L, dtype=torch.int32, device="cuda")
-    out = torch.full((rows, 512), -7, dtype=torch.int32, device="cuda")
-    rs8_op.launch(x, 1, seq, out, rows, L, 1, 512)
-    torch.cuda.synchronize()
-    ref = rs8_ref.topk_decode_ref(x.cpu(), 1, seq.cpu(), 512)
-    print("sanitized run", rows, L, "equal" if torch.equal(out.cpu(), ref) else "DIFF")
-PY
+  # 16-, 16- and 4-block clusters, each with one constant row (the general path)
   for tool in memcheck racecheck synccheck; do
     echo "== compute-sanitizer --tool $tool" | tee -a "$OUT/sanitize.log"
-    timeout 240 compute-sanitizer --tool "$tool" python3 /tmp/rs8_san.py 2>&1 | tail -6 |
-      tee -a "$OUT/sanitize.log"
+    timeout 240 compute-sanitizer --tool "$tool" python3 bench/rs8_check.py 6x5000 6x150000 \
+      48x120000 --constant-row --label "sanitized run" 2>&1 | tail -6 | tee -a "$OUT/sanitize.log"
   done
 fi
 if [[ " $STEPS " == *" tests "* ]]; then
