@@ -5,33 +5,35 @@
 // (+0.0 above -0.0, positive NaN above +inf, negative NaN below -inf), then
 // lower position first.  The output is therefore a pure function of the input.
 //
-// Design (README.md has the long form): one thread-block cluster of 8 blocks
-// per row; each block owns a contiguous slice of the row.
+// Design (README.md has the long form): one thread-block cluster of CL blocks
+// per row (16 where the device allows it and every row fits at once, else 8,
+// else 4 in waves); each block owns a contiguous slice of the row.
 //
-//   1. Every thread loads its keys into registers (up to kRegKeys per block;
-//      the rest of a longer slice, the "tail", is re-read from L2) and adds
-//      the coarse bucket of its own largest key to a 1024-bin histogram.
-//   2. Cluster barrier.  From the 8 histograms (read through distributed
-//      shared memory, DSMEM) the cluster finds the bucket holding the k-th
-//      largest per-thread maximum.  Its lower edge T is a safe threshold: at
-//      least k keys are >= T, so every key of the top k is >= T, and for
-//      ordinary rows only a few more than k are.
+//   1. Every thread loads its keys into registers (the rest of a longer slice,
+//      the "tail", is re-read from L2) and adds the coarse bucket of its own
+//      largest key to a 1024-bin histogram.
+//   2. Two push rounds through distributed shared memory (st.async counted on
+//      the receiver's mbarrier: 32 group sums, then the chosen group's 32
+//      bins) find the bucket holding the k-th largest per-thread maximum.  Its
+//      lower edge T is a safe threshold: at least k keys are >= T, so every
+//      key of the top k is >= T, and for ordinary rows only a few more than k
+//      are.
 //   3. Each block collects its keys >= T, sorts them as (key, ~position)
-//      composites and writes the sorted list into every block of the cluster
-//      (DSMEM stores) with its count.  Cluster barrier.
-//   4. Each block ranks its own entries against the 8 sorted lists (binary
+//      composites and pushes the sorted list and its count into every block.
+//   4. Each block ranks its own entries against the CL sorted lists (binary
 //      search in its own shared memory) and writes each index at its rank.
 //
-// Two cluster barriers and one DSMEM read round in all.  When a block has more
-// candidates than its list holds (heavy ties, constant rows, skewed slices),
-// every block takes the general path instead: radix passes over the key, then
-// over inverted positions, narrow the cut to exactly k, re-reading the row
-// from L2.  No host sync, no allocation, no global scratch: a single launch
-// that CUDA graphs can capture.
+// No cluster barrier on this path, only waits on a block's own mbarriers.
+// When a block has more candidates than its list holds (lists fill the shared
+// memory; heavy ties, constant or sorted rows overflow them), every block takes
+// the general path instead: radix passes over the key, then over inverted
+// positions, narrow the cut to exactly k, re-reading the row from L2.  No host
+// sync, no allocation, no global scratch: a single launch that CUDA graphs can
+// capture.
 //
 // One source for sm_90a (H100/H200) and sm_120 (RTX 50xx): shared memory per
-// block stays under SM120's 99 KB opt-in limit, and clusters are 8 blocks (the
-// portable size).
+// block stays under SM120's 99 KB opt-in limit; 16-block clusters are
+// non-portable and used only where the occupancy query grants them.
 
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
