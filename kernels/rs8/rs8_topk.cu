@@ -74,7 +74,7 @@ constexpr int kDigitBits = 10;    // radix digit width (general path)
 constexpr int kBins = 1 << kDigitBits;
 constexpr int kSmemLimit = 101376;  // SM120: 99 KB opt-in per block
 static_assert(kBins % kThreads == 0, "block shape");
-constexpr int kMiscBytesAll = 4608;  // shared-memory bytes of Misc (below), rounded up
+constexpr int kMiscBytes = 4608;  // shared-memory bytes of Misc (below), rounded up
 
 // Shared-memory plan per k.  The fast path uses [hist | U | seg]; the general
 // path, which only starts after the fast path's last DSMEM access, reuses the
@@ -87,7 +87,7 @@ struct Plan {
   // this costs nothing on ordinary rows (run 29 in NOTES.md measured it 3%
   // faster than 4K/CL), and a row whose winners crowd into one slice (recency
   // bias, a hot prefix) stays on the fast path (bench/rs8_candidates.py).
-  static constexpr int kSegCap = (kSmemLimit - kMiscBytesAll - kBins * 4) / 8 / (CL + 1) - 1;
+  static constexpr int kSegCap = (kSmemLimit - kMiscBytes - kBins * 4) / 8 / (CL + 1) - 1;
   // Lists sit kSegCap + 1 composites apart: with a power-of-2 stride every list
   // would start in the same shared-memory bank, and the rank step's binary
   // searches (one list per lane, similar indices) would conflict CL ways.
@@ -96,7 +96,6 @@ struct Plan {
   static constexpr int kSlowCap = K > kBins ? K : kBins;  // candidate slots, general path
   static constexpr int kSlowBytes = 2 * kBins * 4 + kSlowCap * 8;
   static constexpr int kAreaBytes = kFastBytes > kSlowBytes ? kFastBytes : kSlowBytes;
-  static constexpr int kMiscBytes = kMiscBytesAll;
   static constexpr int kSmemBytes = kAreaBytes + kMiscBytes;
   static_assert(kSmemBytes <= kSmemLimit, "shared memory plan exceeds SM120's limit");
   static_assert(K % CL == 0, "bad k");
@@ -119,7 +118,7 @@ struct Misc {
   unsigned int segn[kMaxCluster];  // every block's list length (written by that block)
   unsigned int gsum[2][32];     // group sums of the bins (double-buffered by pass)
 };
-static_assert(sizeof(Misc) <= kMiscBytesAll, "Misc must fit the plan's misc bytes");
+static_assert(sizeof(Misc) <= kMiscBytes, "Misc must fit the plan's misc bytes");
 
 #ifdef RS8_TIMING
 // Stage clocks of row 0's blocks (timing build only): [block][stage].
