@@ -21,6 +21,7 @@ PY
 common=(--clock-control none -k regex:topk_decode -s 3 -c 1)
 timeout 150 ncu "${common[@]}" --section SpeedOfLight --section SchedulerStats \
   --section WarpStateStats --section InstructionStats --section LaunchStats \
+  --section MemoryWorkloadAnalysis \
   python3 /tmp/rs8_one.py >"$out/ncu_summary.txt" 2>&1
 timeout 150 ncu "${common[@]}" --section SourceCounters --warp-sampling-interval 0 --page source --print-source sass \
   --csv python3 /tmp/rs8_one.py >"$out/ncu_sass.csv" 2>&1

@@ -68,15 +68,8 @@ if [[ " $STEPS " == *" stages "* ]]; then
     timeout 60 python3 bench/rs8_stage_times.py --lib /tmp/rs8t/librs8.so --ctx "$c"
   done 2>&1 | tee "$OUT/stages.log"
 fi
-if [[ " $STEPS " == *" ncu "* ]]; then
-  timeout 120 ncu --clock-control none -k regex:topk_decode -c 1 --section SpeedOfLight \
-    --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
-    python3 -c "
-import sys, torch; sys.path.insert(0, 'kernels/rs8/python'); import rs8_op
-x = torch.randn(6, 150000, device='cuda'); seq = torch.full((6, 1), 150000, dtype=torch.int32, device='cuda')
-out = torch.empty((6, 512), dtype=torch.int32, device='cuda'); rs8_op.launch(x, 1, seq, out, 6, 150000, 1, 512)
-torch.cuda.synchronize()" >"$OUT/ncu.txt" 2>&1
-  grep -E "Duration|Warp Cycles|Stall|Issued|Throughput|Eligible|Active Warps" "$OUT/ncu.txt" | head -40
+if [[ " $STEPS " == *" ncu "* ]]; then  # Nsight Compute summary + stall samples per instruction
+  bash bench/rs8_ncu.sh "$RS8_LIB" "$OUT" 150000
 fi
 if [[ " $STEPS " == *" bench "* ]]; then
   timeout 400 python3 bench/rs8_bench.py --vllm-lib "$vb" --out "$OUT/bench.md" \
