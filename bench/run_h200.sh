@@ -19,21 +19,27 @@ if [[ ! -f "$vb" && -d .rs8_vllm_src/csrc ]]; then
      >"$OUT/vllm_build.log" 2>&1) 2>>"$OUT/vllm_build.log" &
   vb=/tmp/rs8vb/rs8vb.so
 fi
+# Timing variants: VARIANTS="name:-DFLAG name2:-DFLAG2" builds each for sm_90a.
+variant_args=()
+pids=()
+for v in ${VARIANTS:-}; do  # built side by side
+  name="${v%%:*}"; flags="${v#*:}"
+  mkdir -p "/tmp/rs8v_$name"
+  if [[ "$flags" == @* ]]; then  # name:@path/to/older_source.cu
+    nvcc -O3 -std=c++17 -shared -Xcompiler -fPIC -gencode=arch=compute_90a,code=sm_90a \
+      -o "/tmp/rs8v_$name/librs8.so" "${flags#@}" &
+  else
+    RS8_EXTRA_FLAGS="${flags//,/ }" kernels/rs8/build.sh "/tmp/rs8v_$name" 90a >/dev/null 2>&1 &
+  fi
+  pids+=($!)
+done
 kernels/rs8/build.sh kernels/rs8/build "90a 120" 2>&1 | tee "$OUT/build.log"
 RS8_EXTRA_FLAGS=-DRS8_BREAK kernels/rs8/build.sh /tmp/rs8break 90a >/dev/null 2>&1
 export RS8_LIB="$PWD/kernels/rs8/build/librs8.so" RS8_BREAK_LIB=/tmp/rs8break/librs8.so
-# Timing variants: VARIANTS="name:-DFLAG name2:-DFLAG2" builds each for sm_90a.
-variant_args=()
+[[ ${#pids[@]} -gt 0 ]] && wait "${pids[@]}"
 for v in ${VARIANTS:-}; do
-  name="${v%%:*}"; flags="${v#*:}"
-  if [[ "$flags" == @* ]]; then  # name:@path/to/older_source.cu
-    mkdir -p "/tmp/rs8v_$name" && nvcc -O3 -std=c++17 -shared -Xcompiler -fPIC \
-      -gencode=arch=compute_90a,code=sm_90a -o "/tmp/rs8v_$name/librs8.so" "${flags#@}" &&
-      variant_args+=(--variant "$name=/tmp/rs8v_$name/librs8.so")
-    continue
-  fi
-  RS8_EXTRA_FLAGS="${flags//,/ }" kernels/rs8/build.sh "/tmp/rs8v_$name" 90a >/dev/null 2>&1 &&
-    variant_args+=(--variant "$name=/tmp/rs8v_$name/librs8.so")
+  name="${v%%:*}"
+  [[ -f "/tmp/rs8v_$name/librs8.so" ]] && variant_args+=(--variant "$name=/tmp/rs8v_$name/librs8.so")
 done
 
 if [[ " $STEPS " == *" smoke "* ]]; then  # one row shape per cluster size, exact or not

@@ -19,9 +19,13 @@
 //      key of the top k is >= T, and for ordinary rows only a few more than k
 //      are.
 //   3. Each block collects its keys >= T, sorts them as (key, ~position)
-//      composites and pushes the sorted list and its count into every block.
-//   4. Each block ranks its own entries against the CL sorted lists (binary
-//      search in its own shared memory) and writes each index at its rank.
+//      composites and pushes the sorted keys (4 bytes each) and its count into
+//      every other block.  Positions need not travel: blocks own ascending
+//      slices, so a tie on the key with block q is above me exactly when q is
+//      a lower block.
+//   4. Each block ranks its own entries against the CL sorted lists (branch-
+//      free binary searches in its own shared memory) and writes each index at
+//      its rank.
 //
 // No cluster barrier on this path, only waits on a block's own mbarriers.
 // When a block has more candidates than its list holds (lists fill the shared
@@ -55,6 +59,9 @@ constexpr int kThreads = RS8_THREADS;  // threads per block
 constexpr int kWarps = kThreads / 32;
 constexpr int kLgThreads = kThreads == 1024 ? 10 : kThreads == 512 ? 9 : kThreads == 256 ? 8 : 7;
 static_assert((1 << kLgThreads) == kThreads, "threads per block: 128, 256, 512 or 1024");
+#ifndef RS8_STOP
+#define RS8_STOP 0  // timing probe only (NOTES.md run 31): leave early, output invalid
+#endif
 #ifndef RS8_TAIL0
 #define RS8_TAIL0 4  // tail float4 loads in flight per thread while keys fill registers
 #endif
@@ -76,23 +83,26 @@ constexpr int kSmemLimit = 101376;  // SM120: 99 KB opt-in per block
 static_assert(kBins % kThreads == 0, "block shape");
 constexpr int kMiscBytes = 4608;  // shared-memory bytes of Misc (below), rounded up
 
-// Shared-memory plan per k.  The fast path uses [hist | U | seg]; the general
+// Shared-memory plan per k.  The fast path uses [hist | U | S | seg]; the general
 // path, which only starts after the fast path's last DSMEM access, reuses the
 // same bytes as [hA | hB | cand].  Misc sits after both.
 template <int K, int CL>
 struct Plan {
   // Candidates one block may contribute: as many as shared memory allows for
-  // its own list and CL received ones (680 with 16 blocks, 1,286 with 8, 2,315
-  // with 4), whatever K.  Lists are used only as far as they are filled, so
-  // this costs nothing on ordinary rows (run 29 in NOTES.md measured it 3%
+  // its own lists and CL received ones (1,156 with 16 blocks, 1,928 with 8,
+  // 2,894 with 4), whatever K.  Lists are used only as far as they are filled,
+  // so this costs nothing on ordinary rows (run 29 in NOTES.md measured it 3%
   // faster than 4K/CL), and a row whose winners crowd into one slice (recency
   // bias, a hot prefix) stays on the fast path (bench/rs8_candidates.py).
-  static constexpr int kSegCap = (kSmemLimit - kMiscBytes - kBins * 4) / 8 / (CL + 1) - 1;
-  // Lists sit kSegCap + 1 composites apart: with a power-of-2 stride every list
-  // would start in the same shared-memory bank, and the rank step's binary
-  // searches (one list per lane, similar indices) would conflict CL ways.
-  static constexpr int kSegStride = kSegCap + 1;
-  static constexpr int kFastBytes = kBins * 4 + kSegCap * 8 + CL * kSegStride * 8;
+  // Per candidate: its composite in U (collected) and S (sorted), and its key
+  // in each of the CL received lists.
+  static constexpr int kSegCap = (kSmemLimit - kMiscBytes - kBins * 4) / (16 + 4 * CL) - 2;
+  // Received lists (keys only) sit an odd number of words apart: with a
+  // power-of-2 stride every list would start in the same shared-memory bank,
+  // and the rank step's binary searches (one list per lane, similar indices)
+  // would conflict CL ways.
+  static constexpr int kSegStride = (kSegCap + 1) | 1;
+  static constexpr int kFastBytes = kBins * 4 + kSegCap * 16 + CL * kSegStride * 4;
   static constexpr int kSlowCap = K > kBins ? K : kBins;  // candidate slots, general path
   static constexpr int kSlowBytes = 2 * kBins * 4 + kSlowCap * 8;
   static constexpr int kAreaBytes = kFastBytes > kSlowBytes ? kFastBytes : kSlowBytes;
@@ -114,7 +124,6 @@ struct Misc {
   unsigned int digit;    // general path: result of the current pass
   unsigned int above;
   unsigned int cnt;
-  unsigned int pad[2];
   unsigned int segn[kMaxCluster];  // every block's list length (written by that block)
   unsigned int gsum[2][32];     // group sums of the bins (double-buffered by pass)
 };
@@ -219,13 +228,6 @@ __device__ __forceinline__ void push_u32(unsigned int raddr, unsigned int v, uns
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.u32 [%0], %1, [%2];" ::"r"(
                    raddr),
                "r"(v), "r"(rbar)
-               : "memory");
-}
-__device__ __forceinline__ void push_u64(unsigned int raddr, unsigned long long v,
-                                         unsigned int rbar) {
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];" ::"r"(
-                   raddr),
-               "l"(v), "r"(rbar)
                : "memory");
 }
 
@@ -510,9 +512,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned int* hist = reinterpret_cast<unsigned int*>(smem);
   unsigned long long* U = reinterpret_cast<unsigned long long*>(smem + kBins * 4);
-  unsigned long long* seg = U + kSegCap;  // [CL][kSegStride]: every block's sorted list
+  unsigned long long* S = U + kSegCap;  // this block's candidates, sorted
+  // [CL][kSegStride]: every other block's sorted list, keys only (a tie on the
+  // key is decided by the block: lower blocks hold lower positions).
+  unsigned int* seg = reinterpret_cast<unsigned int*>(S + kSegCap);
   Misc* misc = reinterpret_cast<Misc*>(smem + P::kAreaBytes);
 
+  if (RS8_STOP == 7) {  // probe: launch only
+    if (threadIdx.x == 0) indices[blockIdx.x] = 0;
+    return;
+  }
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank());
   const int row = blockIdx.x / CL;
@@ -571,6 +580,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
 
   RS8_MARK(0);
+  if (RS8_STOP == 6) {  // probe: launch + prologue
+    if (tid == 0) out[rank] = Li;
+    return;
+  }
   // ---- 1. load keys into registers; histogram of per-thread maxima ---------
   for (int b = tid; b < kBins; b += kThreads) hist[b] = 0;
   // Entries past the slice load as 0xffffffff, key 0 (the smallest): they
@@ -603,12 +616,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();  // hist zeroed, misc set (the loads above stay in flight)
   unsigned int mx = 0;
   bool has = tid < nq;
+  // Quads no lane of this warp holds are skipped (warp-uniform): a short slice
+  // uses fewer than kQuads.  Lanes past the slice in a held quad see key 0.
+  const int wbase = tid & ~31;
 #pragma unroll
   for (int u = 0; u < kQuads; ++u) {
+    if (u * kThreads + wbase < nq) {
 #pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      kq[u][c] = to_key(kq[u][c]);
-      mx = kq[u][c] > mx ? kq[u][c] : mx;
+      for (int c = 0; c < 4; ++c) {
+        kq[u][c] = to_key(kq[u][c]);
+        mx = kq[u][c] > mx ? kq[u][c] : mx;
+      }
     }
   }
   // Tail (long slices with small clusters): streamed, only its maximum kept.
@@ -618,6 +636,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   });
   if (has) atomicAdd(&hist[bucket(mx)], 1u);
   __syncthreads();
+  if (RS8_STOP == 5) {  // probe: + load, maxima histogram
+    if (tid == 0) out[rank] = static_cast<int>(hist[bucket(mx)]);
+    return;
+  }
   asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // every block is running
   for (int w = tid >> 5; w < 32; w += kWarps) {
     // Push group w's sum (32 bins) to every block: lane q -> block q.
@@ -626,6 +648,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       push_u32(peer_addr(smem_addr(&misc->gs_all[rank][w]), lane), gs, peer_addr(mb_gs, lane));
   }
   RS8_MARK(1);
+  if (RS8_STOP == 1) {  // probe: load + group-sum round
+    mbar_wait(mb_gs);
+    if (tid == 0) out[rank] = static_cast<int>(misc->gs_all[0][0]);
+    return;
+  }
 
   // ---- 2. threshold: lower edge of the bucket of the K-th largest maximum --
   // Warp 0 of every block finds the same group from the 8 x 32 group sums,
@@ -657,6 +684,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   const unsigned int thr = misc->thr;
   RS8_MARK(3);
+  if (RS8_STOP == 2) {  // probe: + threshold
+    if (tid == 0) out[rank] = static_cast<int>(thr);
+    return;
+  }
 
   // ---- 3. collect keys >= T, sort them, push the list to every block -------
   // Two 32-bit stores (the composite's low then high word) rather than one
@@ -669,29 +700,25 @@ __global__ void __launch_bounds__(kThreads, 1)
       U32[2 * e + 1] = k;
     }
   };
-  if (thr != 0) {  // empty slots hold key 0 < thr: no index checks needed
 #pragma unroll
-    for (int u = 0; u < kQuads; ++u) {
+  for (int u = 0; u < kQuads; ++u) {
+    if (u * kThreads + wbase < nq) {
+      const bool held = tid + u * kThreads < nq;
 #pragma unroll
       for (int c = 0; c < 4; ++c)
-        if (kq[u][c] >= thr) push(4 * (tid + u * kThreads) + c, kq[u][c]);
-    }
-  } else {
-#pragma unroll
-    for (int u = 0; u < kQuads; ++u) {
-      const int v = tid + u * kThreads;
-      if (v < nq) {
-#pragma unroll
-        for (int c = 0; c < 4; ++c) push(4 * v + c, kq[u][c]);
-      }
+        if (held && kq[u][c] >= thr) push(4 * (tid + u * kThreads) + c, kq[u][c]);
     }
   }
   scan_tail<8>(chunk, stride1, vec, tail0, n, tid, [&](int i, unsigned int k) {
     if (k >= thr) push(i, k);
   });
   __syncthreads();
-  RS8_MARK(4);
   const unsigned int nloc = misc->nloc;
+  RS8_MARK(4);
+  if (RS8_STOP == 3) {  // probe: + collect
+    if (tid == 0) out[rank] = static_cast<int>(nloc);
+    return;
+  }
   const bool fits = nloc <= static_cast<unsigned int>(kSegCap);
   if (tid < CL)
     push_u32(peer_addr(smem_addr(&misc->segn[rank]), tid), fits ? nloc : 0xffffffffu,
@@ -716,10 +743,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       unsigned int gt = gt0 + gt1;
       for (unsigned int off = 1; off < G; off <<= 1) gt += __shfl_xor_sync(0xffffffffu, gt, off);
       if (e < nloc) {
+        // Own slot locally; the key alone to every other block.
+        if (g == 0) S[gt] = me;
         const unsigned int dst = smem_addr(seg + rank * kSegStride + gt);
         for (unsigned int q = g; q < static_cast<unsigned int>(CL); q += G)
-          push_u64(peer_addr(dst, static_cast<int>(q)), me,
-                   peer_addr(mb_list, static_cast<int>(q)));
+          if (q != static_cast<unsigned int>(rank))
+            push_u32(peer_addr(dst, static_cast<int>(q)), static_cast<unsigned int>(me >> 32),
+                     peer_addr(mb_list, static_cast<int>(q)));
       }
     }
   }
@@ -727,43 +757,69 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Every block's count, then every list (expected bytes known from the counts).
   mbar_wait(mb_cnt);
   bool fast = true;
-  unsigned int total = 0;
+  unsigned int total = 0, longest = 0;
 #pragma unroll
   for (int q = 0; q < CL; ++q) {
     const unsigned int c = misc->segn[q];
     fast = fast && c != 0xffffffffu;
     total += (c != 0xffffffffu) ? c : 0u;
+    longest = c != 0xffffffffu && c > longest ? c : longest;
   }
-  if (tid == 0) mbar_expect(mb_list, total * 8u);
+  // Keys from every other block that fit (a block that overflowed pushed none).
+  if (tid == 0) mbar_expect(mb_list, (total - (fits ? nloc : 0u)) * 4u);
+  // The rank step's shape, known from the counts alone: kLpt lists per thread,
+  // searched side by side (independent chains), kTpe threads per entry, and
+  // every search the same number of steps.
+  constexpr int kLpt = CL >= 16 ? 2 : 1;
+  constexpr int kTpe = CL / kLpt;
+  const int sub = tid % kTpe;
+  unsigned int len[kLpt];
+#pragma unroll
+  for (int i = 0; i < kLpt; ++i) {
+    const int q = sub + i * kTpe;
+    len[i] = q == rank ? 0u : misc->segn[q];
+  }
+  const unsigned int top = longest ? 1u << (31 - __clz(longest)) : 0u;
+  __syncthreads();     // S, written locally, complete
   mbar_wait(mb_list);  // also when falling back: nothing may land in reused bytes later
   RS8_MARK(6);
+  if (RS8_STOP == 4) {  // probe: + sort, list exchange
+    if (tid == 0) out[rank] = static_cast<int>(total);
+    return;
+  }
 
   // ---- 4. rank own entries against all lists; write indices ----------------
   if (fast && total >= static_cast<unsigned int>(K)) {
-    const unsigned long long* own = seg + rank * kSegStride;
-    for (unsigned int base = 0; base < nloc * CL; base += kThreads) {
-      const unsigned int idx = base + tid;
-      const unsigned int e = idx / CL;
-      const int q = static_cast<int>(idx % CL);
+    constexpr unsigned int kEpp = kThreads / kTpe;  // entries per pass
+    for (unsigned int e0 = 0; e0 < nloc; e0 += kEpp) {
+      const unsigned int e = e0 + static_cast<unsigned int>(tid) / kTpe;
       unsigned int gt = 0;
       unsigned long long me = 0;
       if (e < nloc) {
-        me = own[e];
-        if (q == rank) {
-          gt = e;
-        } else {
-          const unsigned long long* list = seg + q * kSegStride;
-          unsigned int a = 0, b = misc->segn[q];
-          while (a < b) {  // first entry not greater than me (lists descend)
-            const unsigned int mid = (a + b) >> 1;
-            if (list[mid] > me) a = mid + 1; else b = mid;
+        me = S[e];
+        // a[i]: entries of list q above me (a larger key, or the same key at a
+        // lower position, which is every tie when q < rank), branch-free.
+        const unsigned int mk = static_cast<unsigned int>(me >> 32);
+        unsigned int a[kLpt];
+#pragma unroll
+        for (int i = 0; i < kLpt; ++i) a[i] = 0;
+        for (unsigned int step = top; step != 0; step >>= 1) {
+#pragma unroll
+          for (int i = 0; i < kLpt; ++i) {
+            const int q = sub + i * kTpe;
+            const unsigned int idx = a[i] + step;
+            if (idx <= len[i]) {
+              const unsigned int v = seg[q * kSegStride + idx - 1];
+              if (v > mk || (q < rank && v == mk)) a[i] = idx;
+            }
           }
-          gt = a;
         }
+#pragma unroll
+        for (int i = 0; i < kLpt; ++i) gt += (sub + i * kTpe == rank) ? e : a[i];
       }
 #pragma unroll
-      for (int off = 1; off < CL; off <<= 1) gt += __shfl_xor_sync(0xffffffffu, gt, off);
-      if (q == 0 && e < nloc && gt < static_cast<unsigned int>(K)) out[gt] = position_of(me);
+      for (int off = 1; off < kTpe; off <<= 1) gt += __shfl_xor_sync(0xffffffffu, gt, off);
+      if (sub == 0 && e < nloc && gt < static_cast<unsigned int>(K)) out[gt] = position_of(me);
     }
     RS8_MARK(7);
     return;
