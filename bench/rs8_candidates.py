@@ -1,8 +1,8 @@
 """CPU model of rs8's fast-path threshold: candidates per block for several row shapes.
 
 Why: the fast path keeps a row only if every block's keys >= T fit its list
-(kSegCap = SEG_BUDGET/(CL+1) - 1 since run 29 of NOTES.md; 4k/CL for 8 and 16 blocks and
-2k/CL for 4 before, `--old-cap`); otherwise every block
+(kSegCap = SEG_BYTES/(16+4*CL) - 2 since run 32 of NOTES.md, SEG_BYTES/8/(CL+1) - 1 in runs
+29-31; 4k/CL for 8 and 16 blocks and 2k/CL for 4 before, `--old-cap`); otherwise every block
 takes the slow general path. T is the lower edge of the coarse bucket holding the k-th
 largest per-thread maximum. The GPU benchmark used Gaussian rows only; this replays the
 kernel's own layout (512 threads, float4 quads, slices of ceil(L/CL) rounded to 4) and
@@ -27,16 +27,17 @@ from rs8_ref import float_keys  # the kernel's to_key, as int64
 THREADS = 512
 ROW_REG_KEYS = 196_608
 E_LO = 113  # exponent of 2^-14, as in the kernel
-# Composites per candidate list (rs8_topk.cu's kSegCap): SM120's 99 KB less Misc (4,608 B)
-# and the maxima histogram (4 KB), over 8 B, shared by the block's own list and CL received.
-SEG_BUDGET = (101_376 - 4_608 - 4_096) // 8
+# Candidates per block (rs8_topk.cu's kSegCap): SM120's 99 KB less Misc (4,608 B) and the
+# maxima histogram (4 KB), shared by the block's own candidates (8 B collected + 8 B sorted)
+# and the keys received from the CL blocks (4 B each).
+SEG_BYTES = 101_376 - 4_608 - 4_096
 
 
 def list_cap(k: int, cl: int, old: bool = False) -> int:
     """Per-block candidate list capacity of the kernel (v13's with old=True)."""
     if old:
         return (4 if cl >= 8 else 2) * k // cl
-    return SEG_BUDGET // (cl + 1) - 1
+    return SEG_BYTES // (16 + 4 * cl) - 2
 
 
 def mag_bin(u: torch.Tensor) -> torch.Tensor:
