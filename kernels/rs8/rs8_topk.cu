@@ -538,12 +538,33 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int lane = tid & 31;
 
   // Row length (rowStart is always 0 for decode rows).
-  long long L;
-  if (seq_2d) {
-    L = seq_lens[row];
-  } else {
-    L = static_cast<long long>(seq_lens[row / next_n]) - next_n + (row % next_n) + 1;
+  // (one load, used only after the setup below, which overlaps its latency)
+  const int seq = __ldg(seq_2d ? seq_lens + row : seq_lens + row / next_n);
+  // While seq_lens is read: mbarriers (thread 0), then a relaxed cluster
+  // arrive (nobody pushes into a block before it has started and initialised
+  // them; the matching wait comes after the loads, by when every block has
+  // long arrived), and the zeroed histogram.  Short rows leave after this
+  // with nothing pending.
+  const unsigned int mb_gs = smem_addr(&misc->mb_gs);
+  const unsigned int mb_bins = smem_addr(&misc->mb_bins);
+  const unsigned int mb_cnt = smem_addr(&misc->mb_cnt);
+  const unsigned int mb_list = smem_addr(&misc->mb_list);
+  if (tid == 0) {
+    mbar_init(mb_gs, 1);
+    mbar_init(mb_bins, 1);
+    mbar_init(mb_cnt, 1);
+    mbar_init(mb_list, 1);
+    mbar_expect(mb_gs, CL * 32 * 4);
+    mbar_expect(mb_bins, CL * 32 * 4);
+    mbar_expect(mb_cnt, CL * 4);
+    misc->nloc = 0;
+    misc->thr = 0;
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+  for (int b = tid; b < kBins; b += kThreads) hist[b] = 0;
+  long long L = seq_2d ? static_cast<long long>(seq)
+                       : static_cast<long long>(seq) - next_n + (row % next_n) + 1;
   if (L < 0) L = 0;
   if (L > ncols) L = ncols;
   int* out = indices + static_cast<long long>(row) * K;
@@ -567,26 +588,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int nq = (n >> 2) < (Regs<CL>::kKeys / 4) ? (n >> 2) : (Regs<CL>::kKeys / 4);
   const int tail0 = 4 * nq;
 
-  // mbarriers first (thread 0), then a relaxed cluster arrive: nobody pushes
-  // into a block before it has started and initialised them (the matching
-  // wait comes after the loads, by when every block has long arrived).
-  const unsigned int mb_gs = smem_addr(&misc->mb_gs);
-  const unsigned int mb_bins = smem_addr(&misc->mb_bins);
-  const unsigned int mb_cnt = smem_addr(&misc->mb_cnt);
-  const unsigned int mb_list = smem_addr(&misc->mb_list);
-  if (tid == 0) {
-    mbar_init(mb_gs, 1);
-    mbar_init(mb_bins, 1);
-    mbar_init(mb_cnt, 1);
-    mbar_init(mb_list, 1);
-    mbar_expect(mb_gs, CL * 32 * 4);
-    mbar_expect(mb_bins, CL * 32 * 4);
-    mbar_expect(mb_cnt, CL * 4);
-    misc->nloc = 0;
-    misc->thr = 0;
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-  }
-  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
 
   RS8_MARK(0);
   if (RS8_STOP == 6) {  // probe: launch + prologue
@@ -594,7 +595,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
   // ---- 1. load keys into registers; histogram of per-thread maxima ---------
-  for (int b = tid; b < kBins; b += kThreads) hist[b] = 0;
   // Entries past the slice load as 0xffffffff, key 0 (the smallest): they
   // never raise a maximum, and the collect step skips them by index.
   unsigned int kq[kQuads][4];
