@@ -20,14 +20,16 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels" / "rs8" / "python"))
 import rs8_op
 
-STAGES = [
+STAGES = [  # warp 0's clock at each mark; the block barrier after the sort shows the other warps
     "load + histogram + push group sums",
     "wait for group sums",
     "bins round + threshold",
     "collect keys >= T",
-    "sort + push list",
-    "wait for counts + lists",
-    "rank + write",
+    "sort + push list (warp 0)",
+    "wait for counts",
+    "block barrier (other warps' sort)",
+    "wait for lists",
+    "rank + write (warp 0)",
 ]
 
 
@@ -36,22 +38,27 @@ def main() -> None:
     parser.add_argument("--lib", required=True)
     parser.add_argument("--ctx", type=int, default=112464)
     parser.add_argument("--calls", type=int, default=30)
+    parser.add_argument("--rows", type=int, default=6, help="rows per call (6 per request)")
     args = parser.parse_args()
     lib = rs8_op.open_library(args.lib)
     lib.rs8_read_clocks.restype = ctypes.c_int
     lib.rs8_read_clocks.argtypes = [ctypes.c_void_p]
-    rows, k = 6, 512
+    rows, k = args.rows, 512
     seq = torch.full((rows, 1), args.ctx, dtype=torch.int32, device="cuda")
     out = torch.empty((rows, k), dtype=torch.int32, device="cuda")
     host = (ctypes.c_longlong * (16 * 16))()
     per: list[list[list[int]]] = [[[] for _ in STAGES] for _ in range(16)]
+    candidates: list[int] = []
+    general_before = 0
     for call in range(args.calls + 5):
         x = torch.randn(rows, args.ctx, device="cuda")
         rs8_op.launch(x, 1, seq, out, rows, args.ctx, 1, k, lib=lib)
         torch.cuda.synchronize()
         assert lib.rs8_read_clocks(ctypes.addressof(host)) == 0
         if call < 5:
+            general_before = host[15]  # rows on the general path, counted since load
             continue
+        candidates.append(host[14])
         for b in range(16):
             t = [host[b * 16 + i] for i in range(len(STAGES) + 1)]
             if 0 in t:
@@ -59,7 +66,11 @@ def main() -> None:
             for i in range(len(STAGES)):
                 per[b][i].append(t[i + 1] - t[i])
     blocks = [b for b in range(16) if per[b][0]]
-    print(f"ctx={args.ctx}: median cycles per stage (blocks {blocks[0]}..{blocks[-1]})")
+    print(
+        f"ctx={args.ctx}, {rows} rows: median cycles per stage (blocks {blocks[0]}..{blocks[-1]});"
+        f" row 0's candidates: median {int(statistics.median(candidates))};"
+        f" rows on the general path: {host[15] - general_before} of {rows * args.calls}"
+    )
     for i, name in enumerate(STAGES):
         meds = [int(statistics.median(per[b][i])) for b in blocks]
         print(f"{name:26s} " + " ".join(f"{m:7d}" for m in meds))

@@ -130,7 +130,8 @@ struct Misc {
 static_assert(sizeof(Misc) <= kMiscBytes, "Misc must fit the plan's misc bytes");
 
 #ifdef RS8_TIMING
-// Stage clocks of row 0's blocks (timing build only): [block][stage].
+// Stage clocks of row 0's blocks (timing build only): [block][stage]; [0][14]
+// holds row 0's candidate count, [0][15] counts rows taking the general path.
 __device__ long long g_rs8_clock[kMaxCluster][16];
 #define RS8_MARK(st)                                                   \
   do {                                                                  \
@@ -740,7 +741,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int lg = (kLgThreads - lgp) < 0 ? 0 : (kLgThreads - lgp > 5 ? 5 : kLgThreads - lgp);
     const unsigned int G = 1u << lg;
     const unsigned int g = tid & (G - 1u);
-    for (unsigned int e = static_cast<unsigned int>(tid) >> lg; e < ((nloc + (kThreads >> lg) - 1) / (kThreads >> lg)) * (kThreads >> lg); e += kThreads >> lg) {
+    // Warp-uniform passes: a warp whose entries all lie past nloc stops (it
+    // would compare a dummy against every entry: NOTES.md run 47).
+    const unsigned int per = static_cast<unsigned int>(kThreads) >> lg;  // entries per pass
+    for (unsigned int w0 = (static_cast<unsigned int>(tid) & ~31u) >> lg; w0 < nloc; w0 += per) {
+      const unsigned int e = w0 + (static_cast<unsigned int>(lane) >> lg);
       const unsigned long long me = (e < nloc) ? U[e] : 0ull;
       unsigned int gt0 = 0, gt1 = 0;
       unsigned int j = g;
@@ -765,6 +770,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   RS8_MARK(5);
   // Every block's count, then every list (expected bytes known from the counts).
   mbar_wait(mb_cnt);
+  RS8_MARK(6);
   bool fast = true;
   unsigned int total = 0, longest = 0;
 #pragma unroll
@@ -790,8 +796,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   const unsigned int top = longest ? 1u << (31 - __clz(longest)) : 0u;
   __syncthreads();     // S, written locally, complete
+  RS8_MARK(7);
   mbar_wait(mb_list);  // also when falling back: nothing may land in reused bytes later
-  RS8_MARK(6);
+  RS8_MARK(8);
+#ifdef RS8_TIMING
+  if (row == 0 && rank == 0 && tid == 0) g_rs8_clock[0][14] = total;  // row 0's candidates
+#endif
   if (RS8_STOP == 4) {  // probe: + sort, list exchange
     if (tid == 0) out[rank] = static_cast<int>(total);
     return;
@@ -800,8 +810,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   // ---- 4. rank own entries against all lists; write indices ----------------
   if (fast && total >= static_cast<unsigned int>(K)) {
     constexpr unsigned int kEpp = kThreads / kTpe;  // entries per pass
-    for (unsigned int e0 = 0; e0 < nloc; e0 += kEpp) {
-      const unsigned int e = e0 + static_cast<unsigned int>(tid) / kTpe;
+    // Warp-uniform passes, as in the sort: warps past nloc stop.
+    for (unsigned int w0 = (static_cast<unsigned int>(tid) & ~31u) / kTpe; w0 < nloc; w0 += kEpp) {
+      const unsigned int e = w0 + static_cast<unsigned int>(lane) / kTpe;
       unsigned int gt = 0;
       unsigned long long me = 0;
       if (e < nloc) {
@@ -830,10 +841,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int off = 1; off < kTpe; off <<= 1) gt += __shfl_xor_sync(0xffffffffu, gt, off);
       if (sub == 0 && e < nloc && gt < static_cast<unsigned int>(K)) out[gt] = position_of(me);
     }
-    RS8_MARK(7);
+    RS8_MARK(9);
     return;
   }
   // Too many candidates in some block: every block takes the general path.
+#ifdef RS8_TIMING
+  if (rank == 0 && tid == 0) {  // count rows on the general path
+    atomicAdd(reinterpret_cast<unsigned long long*>(&g_rs8_clock[0][15]), 1ull);
+  }
+#endif
   general_path<K, CL>(cluster, smem, misc, chunk, stride1, n, start, Li, out, rank);
 }
 
