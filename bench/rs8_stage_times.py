@@ -20,14 +20,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels" / "rs8" / "python"))
 import rs8_op
 
-STAGES = [  # warp 0's clock at each mark; the block barrier after the sort shows the other warps
+STAGES = [  # warp 0's clock at each mark; the block barrier waits for every warp (NOTES.md run 49)
     "load + histogram + push group sums",
     "wait for group sums",
     "bins round + threshold",
     "collect keys >= T",
     "sort + push list (warp 0)",
     "wait for counts",
-    "block barrier (other warps' sort)",
+    "block barrier (all warps past the count wait)",
     "wait for lists",
     "rank + write (warp 0)",
 ]
