@@ -665,7 +665,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // ---- 2. threshold: lower edge of the bucket of the K-th largest maximum --
-  // Warp 0 of every block finds the same group from the 8 x 32 group sums,
+  // Warp 0 of every block finds the same group from the CL x 32 group sums,
   // pushes its own 32 bins of that group to every block, then finds the bin.
   if (tid < 32) {
     mbar_wait(mb_gs);
