@@ -24,13 +24,11 @@ variant_args=()
 pids=()
 for v in ${VARIANTS:-}; do  # built side by side
   name="${v%%:*}"; flags="${v#*:}"
-  mkdir -p "/tmp/rs8v_$name"
-  if [[ "$flags" == @* ]]; then  # name:@path/to/older_source.cu
-    nvcc -O3 -std=c++17 -shared -Xcompiler -fPIC -gencode=arch=compute_90a,code=sm_90a \
-      -o "/tmp/rs8v_$name/librs8.so" "${flags#@}" &
-  else
-    RS8_EXTRA_FLAGS="${flags//,/ }" kernels/rs8/build.sh "/tmp/rs8v_$name" 90a >/dev/null 2>&1 &
-  fi
+  src=""
+  if [[ "$flags" == @* ]]; then src="${flags#@}"; flags=""; fi  # name:@path/to/older_source.cu
+  # The same build script (and flags) as the kernel under test.
+  RS8_SRC="$src" RS8_EXTRA_FLAGS="${flags//,/ }" kernels/rs8/build.sh "/tmp/rs8v_$name" 90a \
+    >/dev/null 2>&1 &
   pids+=($!)
 done
 kernels/rs8/build.sh kernels/rs8/build "90a 120" 2>&1 | tee "$OUT/build.log"

@@ -5,6 +5,7 @@
 #   kernels/rs8/build.sh [OUT_DIR] [ARCHS]      ARCHS default: "120 90a"
 #                                               ("sm_120 sm_90a" or "12.0 9.0a" also work)
 #   RS8_EXTRA_FLAGS=-DRS8_BREAK kernels/rs8/build.sh /tmp/broken   # wrong build for tests
+#   RS8_SRC=/path/old_rs8_topk.cu kernels/rs8/build.sh /tmp/old 90a  # another source, same flags
 #
 # Needs nvcc (>= 12.8 for sm_120) and cuobjdump (PATH, or CUOBJDUMP=/path; pip
 # package nvidia-cuda-cuobjdump has one); no GPU.
@@ -39,7 +40,7 @@ done
 # shellcheck disable=SC2086
 "$nvcc" -O3 -std=c++17 -shared -Xcompiler -fPIC -cudart static \
   "${gencode[@]}" ${RS8_EXTRA_FLAGS:-} \
-  -o "$out/librs8.so" "$here/rs8_topk.cu"
+  -o "$out/librs8.so" "${RS8_SRC:-$here/rs8_topk.cu}"
 
 # The check: every requested arch must appear as an ELF (SASS) image.
 elfs="$("$cuobjdump" --list-elf "$out/librs8.so")"
