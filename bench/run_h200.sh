@@ -55,9 +55,10 @@ if [[ " $STEPS " == *" tests "* ]]; then
   timeout 300 python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu -x \
     tests/test_rs8_gpu.py 2>&1 | tee "$OUT/gpu_tests.log"
 fi
-if [[ " $STEPS " == *" vtests "* ]]; then  # the GPU tests against every variant build too
+if [[ " $STEPS " == *" vtests "* ]]; then  # the GPU tests against variant builds (VTEST_NAMES, or all)
   for va in "${variant_args[@]}"; do
     [[ "$va" == --variant ]] && continue
+    [[ -n "${VTEST_NAMES:-}" && " $VTEST_NAMES " != *" ${va%%=*} "* ]] && continue
     echo "== GPU tests on variant ${va%%=*}" | tee -a "$OUT/gpu_tests.log"
     RS8_LIB="${va#*=}" timeout 300 python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu \
       -x tests/test_rs8_gpu.py 2>&1 | tail -2 | tee -a "$OUT/gpu_tests.log"
@@ -67,9 +68,15 @@ wait
 tail -3 "$OUT/vllm_build.log" 2>/dev/null
 if [[ -f "$vb" && ! -f .rs8_vllm_src/prebuilt/rs8vb.so ]]; then cp "$vb" "$OUT/rs8vb.so"; fi
 if [[ " $STEPS " == *" stages "* ]]; then
-  RS8_EXTRA_FLAGS=-DRS8_TIMING kernels/rs8/build.sh /tmp/rs8t 90a >/dev/null 2>&1
-  for c in 112464 191998; do
-    timeout 60 python3 bench/rs8_stage_times.py --lib /tmp/rs8t/librs8.so --ctx "$c"
+  # The kernel under test, then STAGE_VARIANTS="name:-DFLAG,-DFLAG2 ..." (flag builds only).
+  for sv in "main:" ${STAGE_VARIANTS:-}; do
+    name="${sv%%:*}"; flags="${sv#*:}"
+    RS8_EXTRA_FLAGS="-DRS8_TIMING ${flags//,/ }" kernels/rs8/build.sh "/tmp/rs8t_$name" 90a \
+      >/dev/null 2>&1
+    for c in 112464 191998; do
+      echo "== stages: $name ${flags//,/ }"
+      timeout 60 python3 bench/rs8_stage_times.py --lib "/tmp/rs8t_$name/librs8.so" --ctx "$c"
+    done
   done 2>&1 | tee "$OUT/stages.log"
 fi
 if [[ " $STEPS " == *" ncu "* ]]; then  # Nsight Compute summary + stall samples per instruction

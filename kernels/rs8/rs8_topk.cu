@@ -13,11 +13,11 @@
 //      the "tail", is re-read from L2) and adds the coarse bucket of its own
 //      largest key to a 1024-bin histogram.
 //   2. Two push rounds through distributed shared memory (st.async counted on
-//      the receiver's mbarrier: 32 group sums, then the chosen group's 32
-//      bins) find the bucket holding the k-th largest per-thread maximum.  Its
-//      lower edge T is a safe threshold: at least k keys are >= T, so every
-//      key of the top k is >= T, and for ordinary rows only a few more than k
-//      are.
+//      the receiver's mbarrier: 32 group sums, two to a word, then the chosen
+//      group's 32 bins) find the bucket holding the k-th largest per-thread
+//      maximum.  Its lower edge T is a safe threshold: at least k keys are
+//      >= T, so every key of the top k is >= T, and for ordinary rows only a
+//      few more than k are.
 //   3. Each block collects its keys >= T, sorts them as (key, ~position)
 //      composites and pushes the sorted keys (4 bytes each) and its count into
 //      every other block.  Positions need not travel: blocks own ascending
@@ -82,6 +82,14 @@ constexpr int kBins = 1 << kDigitBits;
 constexpr int kSmemLimit = 101376;  // SM120: 99 KB opt-in per block
 static_assert(kBins % kThreads == 0, "block shape");
 constexpr int kMiscBytes = 4608;  // shared-memory bytes of Misc (below), rounded up
+#ifndef RS8_PACK
+#define RS8_PACK 1  // 0: one group sum per word in the first threshold round
+#endif
+// Words each block sends every block in the group-sum round: a block's group
+// sum is at most kThreads (one maximum per thread), so two share a word (half
+// the DSMEM bytes, the round's wait 0.9k -> 0.55k cycles: NOTES.md run 52).
+constexpr int kGsWords = RS8_PACK ? 16 : 32;
+static_assert(kThreads < 65536, "packed group sums need 16 bits");
 
 // Shared-memory plan per k.  The fast path uses [hist | U | S | seg]; the general
 // path, which only starts after the fast path's last DSMEM access, reuses the
@@ -116,7 +124,7 @@ struct Misc {
   unsigned long long mb_bins;  // the chosen group's bins landed,
   unsigned long long mb_cnt;   // every block's list length landed,
   unsigned long long mb_list;  // every list landed
-  unsigned int gs_all[kMaxCluster][32];   // fast path: every block's group sums
+  unsigned int gs_all[kMaxCluster][32];   // fast path: every block's group sums (maybe packed)
   unsigned int bin_all[kMaxCluster][32];  // fast path: every block's bins of the chosen group
   unsigned int nloc;     // this block's candidates (may exceed kSegCap)
   unsigned int thr;      // fast path: the threshold key T
@@ -555,7 +563,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     mbar_init(mb_bins, 1);
     mbar_init(mb_cnt, 1);
     mbar_init(mb_list, 1);
-    mbar_expect(mb_gs, CL * 32 * 4);
+    mbar_expect(mb_gs, CL * kGsWords * 4);
     mbar_expect(mb_bins, CL * 32 * 4);
     mbar_expect(mb_cnt, CL * 4);
     misc->nloc = 0;
@@ -651,9 +659,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
   asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // every block is running
-  for (int w = tid >> 5; w < 32; w += kWarps) {
-    // Push group w's sum (32 bins) to every block: lane q -> block q.
-    const unsigned int gs = __reduce_add_sync(0xffffffffu, hist[32 * w + lane]);
+  for (int w = tid >> 5; w < kGsWords; w += kWarps) {
+    // Push group w's sum (32 bins) to every block, packed with group w + 16's:
+    // lane q -> block q.
+    unsigned int gs = __reduce_add_sync(0xffffffffu, hist[32 * w + lane]);
+    if (kGsWords == 16) gs |= __reduce_add_sync(0xffffffffu, hist[32 * (w + 16) + lane]) << 16;
     if (lane < CL)
       push_u32(peer_addr(smem_addr(&misc->gs_all[rank][w]), lane), gs, peer_addr(mb_gs, lane));
   }
@@ -670,14 +680,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (tid < 32) {
     mbar_wait(mb_gs);
     RS8_MARK(2);
+    // Lane l's count: word l of each block or, packed, half l / 16 of word l % 16.
+    const int gword = kGsWords == 16 ? (lane & 15) : lane;
+    const int ghalf = kGsWords == 16 ? (lane >> 4) * 16 : 0;
+    const unsigned int gmask = kGsWords == 16 ? 0xffffu : 0xffffffffu;
     unsigned int tg = 0;
 #pragma unroll
-    for (int q = 0; q < CL; ++q) tg += misc->gs_all[q][lane];
+    for (int q = 0; q < CL; ++q) tg += (misc->gs_all[q][gword] >> ghalf) & gmask;
     int g = 0;
     unsigned int base_above = 0, gcnt = 0;
     // No group: fewer than K maxima in the row (short rows), T = 0, every key.
     if (warp_cut(tg, 0u, K, lane, g, base_above, gcnt)) {
       const unsigned int mine = hist[32 * g + lane];
+      // (Packing these too, as four 16-byte pushes per block, was slower: run 52.)
       const unsigned int dst = smem_addr(&misc->bin_all[rank][lane]);
 #pragma unroll
       for (int q = 0; q < CL; ++q) push_u32(peer_addr(dst, q), mine, peer_addr(mb_bins, q));
