@@ -207,6 +207,17 @@ def test_noncontiguous_strides_and_1d_seq_lens() -> None:
     assert mismatched_rows(six, 3, seq2d, k) == []
 
 
+def test_oversized_stride_is_refused_before_launch() -> None:
+    """stride1 travels to the kernel as 32 bits: a larger one is refused, nothing runs."""
+    logits = torch.zeros(1, 1000, device="cuda")
+    seq = torch.tensor([1000], dtype=torch.int32, device="cuda")
+    out = torch.full((1, 512), POISON, dtype=torch.int32, device="cuda")
+    with pytest.raises(RuntimeError, match="cudaError 1"):
+        rs8_op.launch(logits, 1, seq, out, 1, 1000, 2**31, 512)
+    torch.cuda.synchronize()
+    assert bool((out == POISON).all())
+
+
 def test_cuda_graph_replay() -> None:
     """Capture once, then change data and lengths in place: every replay stays exact."""
     gen = torch.Generator().manual_seed(5)

@@ -41,6 +41,7 @@
 
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
+#include <limits.h>
 #include <stdint.h>
 
 namespace cg = cooperative_groups;
@@ -520,9 +521,13 @@ __device__ __forceinline__ void scan_tail(const float* chunk, long long stride1,
 // Launched with a cluster dimension of CL (cudaLaunchKernelEx; 16 is non-portable).
 template <int K, int CL>
 __global__ void __launch_bounds__(kThreads, 1)
-    topk_decode_kernel(const float* __restrict__ logits, long long stride0, long long stride1,
-                       long long ncols, const int* __restrict__ seq_lens, int seq_2d, int next_n,
+    topk_decode_kernel(const float* __restrict__ logits, long long stride0, int stride1, int ncols,
+                       const int* __restrict__ seq_lens, int seq_2d, int next_n,
                        int* __restrict__ indices) {
+  // The parameters fill 48 bytes (c[0x0][0x210..0x240) on sm_90), one 64-byte
+  // constant-cache line: with 64-bit stride1 and ncols the last one (indices)
+  // sat in a second line, and every block waited for two constant misses in a
+  // row at its start (Nsight Compute, NOTES.md run 57).
   using P = Plan<K, CL>;
   constexpr int kSegCap = P::kSegCap;
   constexpr int kSegStride = P::kSegStride;
@@ -907,7 +912,7 @@ int resident_clusters() {
 }
 
 template <int K, int CL>
-cudaError_t launch_cl(const float* logits, long long stride0, long long stride1, long long ncols,
+cudaError_t launch_cl(const float* logits, long long stride0, int stride1, int ncols,
                       const int* seq_lens, int seq_2d, int next_n, int* indices, int num_rows,
                       cudaStream_t stream) {
   cudaLaunchAttribute attr;
@@ -925,7 +930,7 @@ cudaError_t launch_cl(const float* logits, long long stride0, long long stride1,
 // overflow into the general path).  The choice depends only on the row count
 // and the device, so a captured graph stays valid.
 template <int K>
-cudaError_t launch(const float* logits, long long stride0, long long stride1, long long ncols,
+cudaError_t launch(const float* logits, long long stride0, int stride1, int ncols,
                    const int* seq_lens, int seq_2d, int next_n, int* indices, int num_rows,
                    cudaStream_t stream) {
   static int fit16[64] = {}, fit8[64] = {};
@@ -966,17 +971,22 @@ int rs8_topk_decode(const float* logits, long long stride0, long long stride1, l
                     const int* seq_lens, int seq_2d, int next_n, int* indices, int num_rows,
                     int k, void* stream) {
   if (num_rows <= 0) return 0;
-  if (next_n <= 0 || stride0 < 0 || stride1 <= 0) return static_cast<int>(cudaErrorInvalidValue);
+  if (next_n <= 0 || stride0 < 0 || stride1 <= 0 || stride1 > INT_MAX)
+    return static_cast<int>(cudaErrorInvalidValue);
+  // Rows are at most INT_MAX long (seq_lens are int32), so a wider buffer
+  // changes nothing once clamped.
+  const int nc = ncols > INT_MAX ? INT_MAX : static_cast<int>(ncols < 0 ? 0 : ncols);
+  const int s1 = static_cast<int>(stride1);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   switch (k) {
     case 512:
-      return rs8::launch<512>(logits, stride0, stride1, ncols, seq_lens, seq_2d, next_n, indices,
+      return rs8::launch<512>(logits, stride0, s1, nc, seq_lens, seq_2d, next_n, indices,
                               num_rows, s);
     case 1024:
-      return rs8::launch<1024>(logits, stride0, stride1, ncols, seq_lens, seq_2d, next_n,
+      return rs8::launch<1024>(logits, stride0, s1, nc, seq_lens, seq_2d, next_n,
                                indices, num_rows, s);
     case 2048:
-      return rs8::launch<2048>(logits, stride0, stride1, ncols, seq_lens, seq_2d, next_n,
+      return rs8::launch<2048>(logits, stride0, s1, nc, seq_lens, seq_2d, next_n,
                                indices, num_rows, s);
     default:
       return static_cast<int>(cudaErrorInvalidValue);
