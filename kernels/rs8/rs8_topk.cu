@@ -527,7 +527,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The parameters fill 48 bytes (c[0x0][0x210..0x240) on sm_90), one 64-byte
   // constant-cache line: with 64-bit stride1 and ncols the last one (indices)
   // sat in a second line, and every block waited for two constant misses in a
-  // row at its start (Nsight Compute, NOTES.md run 57).
+  // row at its start (Nsight Compute, NOTES.md runs 56-57).
   using P = Plan<K, CL>;
   constexpr int kSegCap = P::kSegCap;
   constexpr int kSegStride = P::kSegStride;
