@@ -71,9 +71,10 @@ def main() -> None:
         f" row 0's candidates: median {int(statistics.median(candidates))};"
         f" rows on the general path: {host[15] - general_before} of {rows * args.calls}"
     )
+    width = max(len(name) for name in STAGES)  # the block-barrier label is the longest
     for i, name in enumerate(STAGES):
         meds = [int(statistics.median(per[b][i])) for b in blocks]
-        print(f"{name:26s} " + " ".join(f"{m:7d}" for m in meds))
+        print(f"{name:{width}s} " + " ".join(f"{m:7d}" for m in meds))
 
 
 if __name__ == "__main__":
