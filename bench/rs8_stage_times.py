@@ -21,9 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels" / "rs8" /
 import rs8_op
 
 STAGES = [  # warp 0's clock at each mark; the block barrier waits for every warp (NOTES.md run 49)
-    "load + histogram + push group sums",
-    "wait for group sums",
-    "bins round + threshold",
+    "load + histogram + estimate + push window",
+    "wait for the windows",
+    "threshold from the windows + block barrier",
     "collect keys >= T",
     "sort + push list (warp 0)",
     "wait for counts",

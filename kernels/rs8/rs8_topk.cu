@@ -12,12 +12,13 @@
 //   1. Every thread loads its keys into registers (the rest of a longer slice,
 //      the "tail", is re-read from L2) and adds the coarse bucket of its own
 //      largest key to a 1024-bin histogram.
-//   2. Two push rounds through distributed shared memory (st.async counted on
-//      the receiver's mbarrier: 32 group sums, two to a word, then the chosen
-//      group's 32 bins) find the bucket holding the k-th largest per-thread
-//      maximum.  Its lower edge T is a safe threshold: at least k keys are
-//      >= T, so every key of the top k is >= T, and for ordinary rows only a
-//      few more than k are.
+//   2. One push round through distributed shared memory (st.async counted on
+//      the receiver's mbarrier: every block's 32-bin window of suffix counts
+//      around its own estimate) bounds the cluster's histogram from below and
+//      finds the bucket holding the k-th largest per-thread maximum.  Its
+//      lower edge T is a safe threshold: at least k keys are >= T, so every
+//      key of the top k is >= T, and for ordinary rows only a few more than k
+//      are.
 //   3. Each block collects its keys >= T, sorts them as (key, ~position)
 //      composites and pushes the sorted keys (4 bytes each) and its count into
 //      every other block.  Positions need not travel: blocks own ascending
@@ -83,14 +84,16 @@ constexpr int kBins = 1 << kDigitBits;
 constexpr int kSmemLimit = 101376;  // SM120: 99 KB opt-in per block
 static_assert(kBins % kThreads == 0, "block shape");
 constexpr int kMiscBytes = 4608;  // shared-memory bytes of Misc (below), rounded up
-#ifndef RS8_PACK
-#define RS8_PACK 1  // 0: one group sum per word in the first threshold round
-#endif
-// Words each block sends every block in the group-sum round: a block's group
-// sum is at most kThreads (one maximum per thread), so two share a word (half
-// the DSMEM bytes, the round's wait 0.9k -> 0.55k cycles: NOTES.md run 52).
-constexpr int kGsWords = RS8_PACK ? 16 : 32;
-static_assert(kThreads < 65536, "packed group sums need 16 bits");
+// The threshold's one DSMEM round: every block sends a window of kWin bins of
+// its maxima histogram placed around its own estimate of the cut (the bin of
+// its (K/CL)-th largest maximum, 8-23 bins above the window's bottom), as
+// kWin + 1 suffix counts (maxima in bins >= each bin of the window, and >= the
+// bin past it) and the window's position, two 16-bit halves to a word.  A
+// block's counts are at most kThreads (one maximum per thread).
+constexpr int kWin = 32;
+constexpr int kWinBelow = 8;  // window bottom: this many bins below the estimate's half-group
+constexpr int kWinWords = (kWin + 2) / 2;  // halves: kWin + 1 suffix counts, then the position
+static_assert(kThreads < 65536, "packed window counts need 16 bits");
 
 // Shared-memory plan per k.  The fast path uses [hist | U | S | seg]; the general
 // path, which only starts after the fast path's last DSMEM access, reuses the
@@ -121,12 +124,11 @@ struct Plan {
 };
 
 struct Misc {
-  unsigned long long mb_gs;    // fast path mbarriers: group sums landed,
-  unsigned long long mb_bins;  // the chosen group's bins landed,
+  unsigned long long mb_win;   // fast path mbarriers: every block's window landed,
   unsigned long long mb_cnt;   // every block's list length landed,
   unsigned long long mb_list;  // every list landed
-  unsigned int gs_all[kMaxCluster][32];   // fast path: every block's group sums (maybe packed)
-  unsigned int bin_all[kMaxCluster][32];  // fast path: every block's bins of the chosen group
+  unsigned int win_all[kMaxCluster][kWinWords];  // fast path: every block's window (halves)
+  unsigned int sh[64];   // fast path: this block's maxima in bins >= 16 h, per half-group h
   unsigned int nloc;     // this block's candidates (may exceed kSegCap)
   unsigned int thr;      // fast path: the threshold key T
   unsigned int counter;  // general path, block 0's: next free candidate slot
@@ -559,17 +561,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   // them; the matching wait comes after the loads, by when every block has
   // long arrived), and the zeroed histogram.  Short rows leave after this
   // with nothing pending.
-  const unsigned int mb_gs = smem_addr(&misc->mb_gs);
-  const unsigned int mb_bins = smem_addr(&misc->mb_bins);
+  const unsigned int mb_win = smem_addr(&misc->mb_win);
   const unsigned int mb_cnt = smem_addr(&misc->mb_cnt);
   const unsigned int mb_list = smem_addr(&misc->mb_list);
   if (tid == 0) {
-    mbar_init(mb_gs, 1);
-    mbar_init(mb_bins, 1);
+    mbar_init(mb_win, 1);
     mbar_init(mb_cnt, 1);
     mbar_init(mb_list, 1);
-    mbar_expect(mb_gs, CL * kGsWords * 4);
-    mbar_expect(mb_bins, CL * 32 * 4);
+    mbar_expect(mb_win, CL * kWinWords * 4);
     mbar_expect(mb_cnt, CL * 4);
     misc->nloc = 0;
     misc->thr = 0;
@@ -577,6 +576,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
   for (int b = tid; b < kBins; b += kThreads) hist[b] = 0;
+  if (tid < 64) misc->sh[tid] = 0;
   long long L = seq_2d ? static_cast<long long>(seq)
                        : static_cast<long long>(seq) - next_n + (row % next_n) + 1;
   if (L < 0) L = 0;
@@ -664,53 +664,96 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
   asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // every block is running
-  for (int w = tid >> 5; w < kGsWords; w += kWarps) {
-    // Push group w's sum (32 bins) to every block, packed with group w + 16's:
-    // lane q -> block q.
-    unsigned int gs = __reduce_add_sync(0xffffffffu, hist[32 * w + lane]);
-    if (kGsWords == 16) gs |= __reduce_add_sync(0xffffffffu, hist[32 * (w + 16) + lane]) << 16;
-    if (lane < CL)
-      push_u32(peer_addr(smem_addr(&misc->gs_all[rank][w]), lane), gs, peer_addr(mb_gs, lane));
+  // ---- 2. threshold T: one DSMEM round of histogram windows ---------------
+  // The cut is the bin c holding the K-th largest per-thread maximum of the
+  // cluster, and T its lower edge: at least K maxima, so K keys, are >= T.
+  // Each block sends the suffix counts of a window of its own histogram around
+  // its estimate of c; from every block's window each block takes, per bin c,
+  // a lower bound of the cluster's maxima >= c (exact where c lies in every
+  // window, as it does for every row shape bench/rs8_candidates.py models)
+  // and the highest c whose bound reaches K.  A bound only lowers c, so T is
+  // safe whatever the windows; all blocks compute it from the same words.
+  // Suffix counts per half-group (16 bins) by shared atomics, not scans: warp
+  // w adds its four half-group sums to every suffix they belong to.
+  for (int w = tid >> 5; w < 16; w += kWarps) {
+    const unsigned int x = hist[32 * w + lane], y = hist[32 * (w + 16) + lane];
+    const unsigned int x0 = __reduce_add_sync(0xffffffffu, lane < 16 ? x : 0u);
+    const unsigned int x1 = __reduce_add_sync(0xffffffffu, lane < 16 ? 0u : x);
+    const unsigned int y0 = __reduce_add_sync(0xffffffffu, lane < 16 ? y : 0u);
+    const unsigned int y1 = __reduce_add_sync(0xffffffffu, lane < 16 ? 0u : y);
+    // Half-groups 2w, 2w + 1 (x) and 2w + 32, 2w + 33 (y); lane j adds to sh[j], sh[j + 32].
+    const unsigned int lo = (lane <= 2 * w ? x0 : 0u) + (lane <= 2 * w + 1 ? x1 : 0u) + y0 + y1;
+    const unsigned int hi = (lane <= 2 * w ? y0 : 0u) + (lane <= 2 * w + 1 ? y1 : 0u);
+    if (lo) atomicAdd(&misc->sh[lane], lo);
+    if (hi) atomicAdd(&misc->sh[lane + 32], hi);
   }
-  RS8_MARK(1);
-  if (RS8_STOP == 1) {  // probe: load + group-sum round
-    mbar_wait(mb_gs);
-    if (tid == 0) out[rank] = static_cast<int>(misc->gs_all[0][0]);
-    return;
-  }
-
-  // ---- 2. threshold: lower edge of the bucket of the K-th largest maximum --
-  // Warp 0 of every block finds the same group from the CL x 32 group sums,
-  // pushes its own 32 bins of that group to every block, then finds the bin.
+  __syncthreads();
   if (tid < 32) {
-    mbar_wait(mb_gs);
-    RS8_MARK(2);
-    // Lane l's count: word l of each block or, packed, half l / 16 of word l % 16.
-    const int gword = kGsWords == 16 ? (lane & 15) : lane;
-    const int ghalf = kGsWords == 16 ? (lane >> 4) * 16 : 0;
-    const unsigned int gmask = kGsWords == 16 ? 0xffffu : 0xffffffffu;
-    unsigned int tg = 0;
+    // This block's estimate: the half-group h holding its (K/CL)-th largest maximum.
+    constexpr unsigned int m = K / CL;
+    const unsigned int a0 = misc->sh[2 * lane], a1 = misc->sh[2 * lane + 1];
+    const unsigned int a2 = lane < 31 ? misc->sh[2 * lane + 2] : 0u;
+    const unsigned int b0 = __ballot_sync(0xffffffffu, a0 >= m && a1 < m);
+    const unsigned int b1 = __ballot_sync(0xffffffffu, a1 >= m && a2 < m);
+    const int h = b0 ? 2 * (__ffs(b0) - 1) : (b1 ? 2 * (__ffs(b1) - 1) + 1 : 0);
+    int w0 = 16 * h - kWinBelow;
+    w0 = w0 < 0 ? 0 : (w0 > kBins - kWin ? kBins - kWin : w0);
+    // Suffix counts: s(lane) = maxima in bins >= w0 + lane; past = in bins >= w0 + kWin.
+    const int top = w0 + kWin;
+    const int hq = top >> 4, r = top & 15;
+    const unsigned int part = __reduce_add_sync(
+        0xffffffffu, (lane >= r && lane < 16 && hq < 64) ? hist[16 * hq + lane] : 0u);
+    const unsigned int past = part + (hq + 1 < 64 ? misc->sh[hq + 1] : 0u);
+    const unsigned int sfx = past + warp_suffix_incl(hist[w0 + lane], lane);
+    // Word j: halves 2j and 2j + 1 of [s(0) .. s(31), past, w0].
+    const unsigned int h0 = __shfl_sync(0xffffffffu, sfx, (2 * lane) & 31);
+    const unsigned int h1 = __shfl_sync(0xffffffffu, sfx, (2 * lane + 1) & 31);
+    const unsigned int word = lane < 16 ? (h0 | (h1 << 16)) : (past | (static_cast<unsigned int>(w0) << 16));
+    if (lane < kWinWords) {
+      const unsigned int dst = smem_addr(&misc->win_all[rank][lane]);
 #pragma unroll
-    for (int q = 0; q < CL; ++q) tg += (misc->gs_all[q][gword] >> ghalf) & gmask;
-    int g = 0;
-    unsigned int base_above = 0, gcnt = 0;
-    // No group: fewer than K maxima in the row (short rows), T = 0, every key.
-    if (warp_cut(tg, 0u, K, lane, g, base_above, gcnt)) {
-      const unsigned int mine = hist[32 * g + lane];
-      // (Packing these too, as four 16-byte pushes per block, was slower: run 52.)
-      const unsigned int dst = smem_addr(&misc->bin_all[rank][lane]);
+      for (int q = 0; q < CL; ++q) push_u32(peer_addr(dst, q), word, peer_addr(mb_win, q));
+    }
+    RS8_MARK(1);
+    if (RS8_STOP == 1) {  // probe: load + window round
+      mbar_wait(mb_win);
+      if (lane == 0) out[rank] = static_cast<int>(misc->win_all[0][0]);
+    } else {
+      mbar_wait(mb_win);
+      RS8_MARK(2);
+      const unsigned short* wh = reinterpret_cast<const unsigned short*>(misc->win_all);
+      constexpr int kHalves = 2 * kWinWords;
+      int wq[CL];
+      int wlo = kBins, whi = 0;
 #pragma unroll
-      for (int q = 0; q < CL; ++q) push_u32(peer_addr(dst, q), mine, peer_addr(mb_bins, q));
-      mbar_wait(mb_bins);
-      unsigned int c = 0;
+      for (int q = 0; q < CL; ++q) {
+        wq[q] = wh[q * kHalves + kWin + 1];
+        wlo = wq[q] < wlo ? wq[q] : wlo;
+        whi = wq[q] > whi ? wq[q] : whi;
+      }
+      // Bound at bin c: block q's maxima >= max(c, wq) when c <= wq + kWin, else 0.
+      // Bins above whi + kWin bound to 0; below wlo the bound is constant.
+      unsigned int thr = 0;
+      for (int cbase = whi + kWin - 31; cbase + 31 >= wlo; cbase -= 32) {
+        const int c = cbase + lane;
+        unsigned int lb = 0;
 #pragma unroll
-      for (int q = 0; q < CL; ++q) c += misc->bin_all[q][lane];
-      int l = 0;
-      unsigned int ab = 0, bc = 0;
-      warp_cut(c, base_above, K, lane, l, ab, bc);  // found: the group's counts add up
-      if (lane == 0) misc->thr = bucket_lo(32u * g + l);
+        for (int q = 0; q < CL; ++q) {
+          const int j = c - wq[q];
+          if (j <= kWin) lb += wh[q * kHalves + (j < 0 ? 0 : j)];
+        }
+        const unsigned int hit = __ballot_sync(
+            0xffffffffu, c >= 0 && c < kBins && lb >= static_cast<unsigned int>(K));
+        if (hit) {
+          thr = bucket_lo(static_cast<unsigned int>(cbase + 31 - __clz(hit)));
+          break;
+        }
+      }
+      // No bin reaches K (fewer than K maxima seen: short rows): T = 0, every key.
+      if (lane == 0) misc->thr = thr;
     }
   }
+  if (RS8_STOP == 1) return;
   __syncthreads();
   const unsigned int thr = misc->thr;
   RS8_MARK(3);
