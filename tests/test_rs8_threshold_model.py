@@ -1,0 +1,121 @@
+"""CPU tests of rs8's one-round threshold, through the CPU model of bench/rs8_candidates.py.
+
+The kernel finds its cut from each block's 32-bin window of suffix counts (a lower
+bound of the cluster's histogram). Two things must hold, and both can be checked
+without a GPU: the bound never puts the cut above the exact one (else T would drop
+keys of the top k), and the GPU test set really contains rows where a window misses
+the cut, so the kernel's loose-bound path is proved exact on the GPU, not just here.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "kernels" / "rs8" / "python"))
+
+import rs8_candidates as model  # noqa: E402
+from rs8_ref import float_keys  # noqa: E402
+
+from tests.test_rs8_gpu import skewed  # noqa: E402
+
+
+def block_hists(row: torch.Tensor, cl: int) -> list[torch.Tensor]:
+    """Each block's histogram of per-thread maxima, laid out as the kernel does."""
+    n = row.numel()
+    cs = (math.ceil(n / cl) + 3) & ~3
+    quads = min(model.ROW_REG_KEYS // cl // (4 * model.THREADS), 12)
+    keys = float_keys(row)
+    return [
+        torch.bincount(
+            model.bucket(model.per_thread_max(keys[r * cs : (r + 1) * cs], quads)),
+            minlength=1024,
+        )
+        for r in range(cl)
+    ]
+
+
+def exact_cut(hists: list[torch.Tensor], k: int) -> int:
+    hist = torch.stack(hists).sum(0)
+    above = torch.flip(torch.cumsum(torch.flip(hist, [0]), 0), [0])
+    hit = torch.nonzero(above >= k)
+    return int(hit.max()) if hit.numel() else -1
+
+
+@pytest.mark.parametrize("cl", [16, 4])
+def test_window_cut_never_above_the_exact_cut(cl: int) -> None:
+    gen = torch.Generator().manual_seed(cl)
+    n = 60_000
+    rows = [
+        torch.randn(n, generator=gen),
+        torch.empty(n).log_normal_(0.0, 2.0, generator=gen),
+        torch.randn(n, generator=gen) * 1e-6,  # below the bucket map's range
+        torch.sort(torch.randn(n, generator=gen)).values,
+        heterogeneous_row(n, cl, gen),
+        *skewed(n, gen),
+    ]
+    below = 0
+    for row in rows:
+        for k in (512, 2048):
+            hists = block_hists(row, cl)
+            exact, window = exact_cut(hists, k), model.window_cut(hists, k, cl)
+            assert window <= exact
+            below += window < exact
+    assert below < len(rows) * 2  # the bound is tight on most rows, not just safe
+
+
+def upper_bound_cut(hists: list[torch.Tensor], k: int, cl: int) -> int:
+    """A deliberately wrong window_cut: above a block's window it counts the maxima
+    above the window (an upper bound there) instead of none."""
+    bins = torch.arange(1024)
+    bound = torch.zeros(1024, dtype=torch.int64)
+    for hist in hists:
+        above = torch.cat(
+            [torch.flip(torch.cumsum(torch.flip(hist, [0]), 0), [0]), torch.zeros(1).long()]
+        )
+        halves = above[0:1024:16]
+        nxt = torch.cat([halves[1:], torch.zeros(1).long()])
+        hit = torch.nonzero((halves >= k // cl) & (nxt < k // cl))
+        w0 = min(max(16 * (int(hit[0]) if hit.numel() else 0) - 8, 0), 1024 - 32)
+        bound += above[torch.clamp(bins, min=w0, max=w0 + 32)]
+    hit = torch.nonzero(bound >= k)
+    return int(hit.max()) if hit.numel() else -1
+
+
+def heterogeneous_row(n: int, cl: int, gen: torch.Generator) -> torch.Tensor:
+    """Tiny values with 24 spikes at 1.0 in every block, and the top k (at 4-5) all in
+    block 0: every other block's window sits far below the cut, with maxima above it."""
+    cs = (math.ceil(n / cl) + 3) & ~3
+    row = torch.randn(n, generator=gen) * 1e-3
+    for r in range(cl):
+        row[r * cs + torch.randperm(cs, generator=gen)[:24]] = 1.0
+    row[torch.randperm(cs, generator=gen)[:400]] = 4.0 + torch.rand(400, generator=gen)
+    return row
+
+
+def test_a_wrong_bound_is_caught() -> None:
+    hists = block_hists(heterogeneous_row(112_464, 16, torch.Generator().manual_seed(1)), 16)
+    exact = exact_cut(hists, 512)
+    assert upper_bound_cut(hists, 512, 16) > exact  # the safety check above would fail it
+    assert model.window_cut(hists, 512, 16) <= exact  # the kernel's bound: safe, if loose
+
+
+def test_gpu_skewed_rows_include_a_window_that_misses_the_cut() -> None:
+    """tests/test_rs8_gpu.py::test_skewed_rows draws these rows (same seeds, same
+    order); at least one takes the loose-bound path, where T is below the exact cut."""
+    missed = []
+    for k in (512, 1024, 2048):
+        gen = torch.Generator().manual_seed(7 * k)
+        for n in (112_464, 191_998):
+            for i, row in enumerate(skewed(n, gen)):
+                hists = block_hists(row, 16)
+                if model.window_cut(hists, k, 16) < exact_cut(hists, k):
+                    missed.append((k, n, i))
+    assert missed, "no GPU-tested row exercises a window that misses the cut"
