@@ -7,6 +7,7 @@ The broken-build test needs $RS8_BREAK_LIB (a build with -DRS8_BREAK), or nvcc.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import subprocess
@@ -160,6 +161,18 @@ def test_adversarial_rows(k: int, n: int) -> None:
     assert mismatched_rows(logits.cuda(), 1, per_row(lengths), k) == []
 
 
+def heterogeneous_row(n: int, cl: int, gen: torch.Generator) -> torch.Tensor:
+    """Tiny values with 24 spikes at 1.0 in every block of a 16-block cluster, and the
+    top k (at 4-5) all in block 0: every other block's threshold window sits far below
+    the cut, with maxima above it (tests/test_rs8_threshold_model.py)."""
+    cs = (math.ceil(n / cl) + 3) & ~3
+    row = torch.randn(n, generator=gen) * 1e-3
+    for r in range(cl):
+        row[r * cs + torch.randperm(min(cs, n - r * cs), generator=gen)[:24]] = 1.0
+    row[torch.randperm(cs, generator=gen)[:400]] = 4.0 + torch.rand(400, generator=gen)
+    return row
+
+
 def skewed(n: int, gen: torch.Generator) -> torch.Tensor:
     """Rows whose winners crowd into one slice of the cluster (recency bias, spikes, runs).
 
@@ -176,19 +189,21 @@ def skewed(n: int, gen: torch.Generator) -> torch.Tensor:
         torch.sort(torch.randn(n, generator=gen)).values,  # ascending: all winners at the end
         torch.relu(base) + torch.where(pos < n // 40, 3.0, 0.0),  # a hot prefix, zero ties
         torch.round(base * 2) / 2 + torch.where(pos >= n - n // 30, 1.5, 0.0),
+        heterogeneous_row(n, 16, gen),
     ]
     return torch.stack(rows)
 
 
 @pytest.mark.parametrize("k", [512, 1024, 2048])
 def test_skewed_rows(k: int) -> None:
-    """Skewed rows on 16-block clusters (6 rows) and 4-block clusters (48 rows, tails)."""
+    """Skewed rows on 16-block clusters (7 rows) and 4-block clusters (56 rows, tails)."""
     gen = torch.Generator().manual_seed(7 * k)
     for n in (112_464, 191_998):
         logits = skewed(n, gen).cuda()
-        assert mismatched_rows(logits, 1, per_row([n] * 6), k) == [], n
+        rows = logits.shape[0]
+        assert mismatched_rows(logits, 1, per_row([n] * rows), k) == [], n
         many = logits.repeat(8, 1)
-        assert mismatched_rows(many, 1, per_row([n] * 48), k) == [], n
+        assert mismatched_rows(many, 1, per_row([n] * 8 * rows), k) == [], n
 
 
 def test_noncontiguous_strides_and_1d_seq_lens() -> None:

@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT / "kernels" / "rs8" / "python"))
 import rs8_candidates as model  # noqa: E402
 from rs8_ref import float_keys  # noqa: E402
 
-from tests.test_rs8_gpu import skewed  # noqa: E402
+from tests.test_rs8_gpu import heterogeneous_row, skewed  # noqa: E402
 
 
 def block_hists(row: torch.Tensor, cl: int) -> list[torch.Tensor]:
@@ -87,17 +87,6 @@ def upper_bound_cut(hists: list[torch.Tensor], k: int, cl: int) -> int:
         bound += above[torch.clamp(bins, min=w0, max=w0 + 32)]
     hit = torch.nonzero(bound >= k)
     return int(hit.max()) if hit.numel() else -1
-
-
-def heterogeneous_row(n: int, cl: int, gen: torch.Generator) -> torch.Tensor:
-    """Tiny values with 24 spikes at 1.0 in every block, and the top k (at 4-5) all in
-    block 0: every other block's window sits far below the cut, with maxima above it."""
-    cs = (math.ceil(n / cl) + 3) & ~3
-    row = torch.randn(n, generator=gen) * 1e-3
-    for r in range(cl):
-        row[r * cs + torch.randperm(cs, generator=gen)[:24]] = 1.0
-    row[torch.randperm(cs, generator=gen)[:400]] = 4.0 + torch.rand(400, generator=gen)
-    return row
 
 
 def test_a_wrong_bound_is_caught() -> None:
