@@ -93,6 +93,7 @@ constexpr int kMiscBytes = 4608;  // shared-memory bytes of Misc (below), rounde
 constexpr int kWin = 32;
 constexpr int kWinBelow = 8;  // window bottom: this many bins below the estimate's half-group
 constexpr int kWinWords = (kWin + 2) / 2;  // halves: kWin + 1 suffix counts, then the position
+constexpr int kHalfGroups = kBins / 16;      // 16-bin half-groups: the estimate's unit
 static_assert(kThreads < 65536, "packed window counts need 16 bits");
 
 // Shared-memory plan per k.  The fast path uses [hist | U | S | seg]; the general
@@ -128,7 +129,7 @@ struct Misc {
   unsigned long long mb_cnt;   // every block's list length landed,
   unsigned long long mb_list;  // every list landed
   unsigned int win_all[kMaxCluster][kWinWords];  // fast path: every block's window (halves)
-  unsigned int sh[64];   // fast path: this block's maxima in bins >= 16 h, per half-group h
+  unsigned int sh[kHalfGroups];  // fast path: this block's maxima in bins >= 16 h, per half-group h
   unsigned int nloc;     // this block's candidates (may exceed kSegCap)
   unsigned int thr;      // fast path: the threshold key T
   unsigned int counter;  // general path, block 0's: next free candidate slot
@@ -576,7 +577,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
   for (int b = tid; b < kBins; b += kThreads) hist[b] = 0;
-  if (tid < 64) misc->sh[tid] = 0;
+  if (tid < kHalfGroups) misc->sh[tid] = 0;
   long long L = seq_2d ? static_cast<long long>(seq)
                        : static_cast<long long>(seq) - next_n + (row % next_n) + 1;
   if (L < 0) L = 0;
@@ -702,13 +703,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int top = w0 + kWin;
     const int hq = top >> 4, r = top & 15;
     const unsigned int part = __reduce_add_sync(
-        0xffffffffu, (lane >= r && lane < 16 && hq < 64) ? hist[16 * hq + lane] : 0u);
-    const unsigned int past = part + (hq + 1 < 64 ? misc->sh[hq + 1] : 0u);
+        0xffffffffu, (lane >= r && lane < 16 && hq < kHalfGroups) ? hist[16 * hq + lane] : 0u);
+    const unsigned int past = part + (hq + 1 < kHalfGroups ? misc->sh[hq + 1] : 0u);
     const unsigned int sfx = past + warp_suffix_incl(hist[w0 + lane], lane);
     // Word j: halves 2j and 2j + 1 of [s(0) .. s(31), past, w0].
     const unsigned int h0 = __shfl_sync(0xffffffffu, sfx, (2 * lane) & 31);
     const unsigned int h1 = __shfl_sync(0xffffffffu, sfx, (2 * lane + 1) & 31);
-    const unsigned int word = lane < 16 ? (h0 | (h1 << 16)) : (past | (static_cast<unsigned int>(w0) << 16));
+    const unsigned int word =
+        lane < 16 ? (h0 | (h1 << 16)) : (past | (static_cast<unsigned int>(w0) << 16));
     if (lane < kWinWords) {
       const unsigned int dst = smem_addr(&misc->win_all[rank][lane]);
 #pragma unroll
