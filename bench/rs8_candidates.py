@@ -79,25 +79,47 @@ def per_thread_max(keys: torch.Tensor, quads: int) -> torch.Tensor:
     return mx[mx >= 0]
 
 
+def suffix_counts(hist: torch.Tensor) -> torch.Tensor:
+    """Maxima at or above each bin, and a trailing 0 for the bin past the last."""
+    above = torch.flip(torch.cumsum(torch.flip(hist, [0]), 0), [0])
+    return torch.cat([above, torch.zeros(1, dtype=above.dtype)])
+
+
+def block_hists(keys: torch.Tensor, cl: int) -> list[torch.Tensor]:
+    """Each block's 1,024-bin histogram of per-thread maxima, laid out as the kernel does."""
+    cs = ((math.ceil(keys.numel() / cl)) + 3) & ~3
+    quads = min(ROW_REG_KEYS // cl // (4 * THREADS), 12)
+    return [
+        torch.bincount(bucket(per_thread_max(keys[r * cs : (r + 1) * cs], quads)), minlength=1024)
+        for r in range(cl)
+    ]
+
+
+def exact_cut(hists: list[torch.Tensor], k: int) -> int:
+    """The bin holding the k-th largest maximum of the whole cluster (-1: fewer than k)."""
+    hit = torch.nonzero(suffix_counts(torch.stack(hists).sum(0)) >= k)
+    return int(hit.max()) if hit.numel() else -1
+
+
+def window_start(above: torch.Tensor, k: int, cl: int) -> int:
+    """First bin of a block's 32-bin window: 8 bins below the half-group (16 bins) holding
+    its (k/cl)-th largest maximum, clamped to the histogram."""
+    halves = above[0:1024:16]
+    nxt = torch.cat([halves[1:], torch.zeros(1, dtype=halves.dtype)])
+    hit = torch.nonzero((halves >= k // cl) & (nxt < k // cl))
+    h = int(hit[0]) if hit.numel() else 0
+    return min(max(16 * h - 8, 0), 1024 - 32)
+
+
 def window_cut(hists: list[torch.Tensor], k: int, cl: int) -> int:
     """The kernel's one-round cut (step 2 of rs8_topk.cu): each block sends the suffix counts
-    of a 32-bin window of its histogram, starting 8 bins below the half-group (16 bins) that
-    holds its (k/cl)-th largest maximum; the cut is the highest bin whose lower bound of the
-    cluster's maxima at or above it reaches k (-1: none)."""
+    of its 32-bin window; the cut is the highest bin whose lower bound of the cluster's
+    maxima at or above it reaches k (-1: none)."""
     bins = torch.arange(1024)
     bound = torch.zeros(1024, dtype=torch.int64)
     for hist in hists:
-        above = torch.cat(
-            [
-                torch.flip(torch.cumsum(torch.flip(hist, [0]), 0), [0]),
-                torch.zeros(1, dtype=torch.int64),
-            ]
-        )
-        halves = above[0:1024:16]
-        nxt = torch.cat([halves[1:], torch.zeros(1, dtype=torch.int64)])
-        hit = torch.nonzero((halves >= k // cl) & (nxt < k // cl))
-        h = int(hit[0]) if hit.numel() else 0
-        w0 = min(max(16 * h - 8, 0), 1024 - 32)
+        above = suffix_counts(hist)
+        w0 = window_start(above, k, cl)
         lb = above[torch.clamp(bins, min=w0)]
         bound += torch.where(bins <= w0 + 32, lb, torch.zeros_like(lb))
     hit = torch.nonzero(bound >= k)
@@ -107,23 +129,14 @@ def window_cut(hists: list[torch.Tensor], k: int, cl: int) -> int:
 def simulate(row: torch.Tensor, k: int, cl: int, old: bool = False) -> tuple[int, int, float, int]:
     """(largest block's candidate count, the cap, candidates over k, bins the kernel's cut
     lies below the exact one) for one row."""
-    n_len = row.numel()
-    cs = ((math.ceil(n_len / cl)) + 3) & ~3
-    quads = min(ROW_REG_KEYS // cl // (4 * THREADS), 12)
+    cs = ((math.ceil(row.numel() / cl)) + 3) & ~3
     keys = float_keys(row)
-    hists = [
-        torch.bincount(bucket(per_thread_max(keys[r * cs : (r + 1) * cs], quads)), minlength=1024)
-        for r in range(cl)
-    ]
-    hist = torch.stack(hists).sum(0)
-    above = torch.flip(torch.cumsum(torch.flip(hist, [0]), 0), [0])  # count of maxima >= bin
-    hit = torch.nonzero(above >= k)
-    exact = -1 if hit.numel() == 0 else int(hit.max())
+    hists = block_hists(keys, cl)
     cut = window_cut(hists, k, cl)
     thr = 0 if cut < 0 else bucket_lo(cut)
     per_block = [int((keys[r * cs : (r + 1) * cs] >= thr).sum()) for r in range(cl)]
     cap = list_cap(k, cl, old)
-    return max(per_block), cap, sum(per_block) / k, exact - cut
+    return max(per_block), cap, sum(per_block) / k, exact_cut(hists, k) - cut
 
 
 def shapes(gen: torch.Generator) -> dict[str, Callable[[int], torch.Tensor]]:

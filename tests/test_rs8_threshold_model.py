@@ -9,7 +9,6 @@ the cut, so the kernel's loose-bound path is proved exact on the GPU, not just h
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 
@@ -28,25 +27,7 @@ from tests.test_rs8_gpu import heterogeneous_row, skewed  # noqa: E402
 
 
 def block_hists(row: torch.Tensor, cl: int) -> list[torch.Tensor]:
-    """Each block's histogram of per-thread maxima, laid out as the kernel does."""
-    n = row.numel()
-    cs = (math.ceil(n / cl) + 3) & ~3
-    quads = min(model.ROW_REG_KEYS // cl // (4 * model.THREADS), 12)
-    keys = float_keys(row)
-    return [
-        torch.bincount(
-            model.bucket(model.per_thread_max(keys[r * cs : (r + 1) * cs], quads)),
-            minlength=1024,
-        )
-        for r in range(cl)
-    ]
-
-
-def exact_cut(hists: list[torch.Tensor], k: int) -> int:
-    hist = torch.stack(hists).sum(0)
-    above = torch.flip(torch.cumsum(torch.flip(hist, [0]), 0), [0])
-    hit = torch.nonzero(above >= k)
-    return int(hit.max()) if hit.numel() else -1
+    return model.block_hists(float_keys(row), cl)
 
 
 @pytest.mark.parametrize("cl", [16, 4])
@@ -63,9 +44,9 @@ def test_window_cut_never_above_the_exact_cut(cl: int) -> None:
     ]
     below = 0
     for row in rows:
+        hists = block_hists(row, cl)
         for k in (512, 2048):
-            hists = block_hists(row, cl)
-            exact, window = exact_cut(hists, k), model.window_cut(hists, k, cl)
+            exact, window = model.exact_cut(hists, k), model.window_cut(hists, k, cl)
             assert window <= exact
             below += window < exact
     assert below < len(rows) * 2  # the bound is tight on most rows, not just safe
@@ -77,13 +58,8 @@ def upper_bound_cut(hists: list[torch.Tensor], k: int, cl: int) -> int:
     bins = torch.arange(1024)
     bound = torch.zeros(1024, dtype=torch.int64)
     for hist in hists:
-        above = torch.cat(
-            [torch.flip(torch.cumsum(torch.flip(hist, [0]), 0), [0]), torch.zeros(1).long()]
-        )
-        halves = above[0:1024:16]
-        nxt = torch.cat([halves[1:], torch.zeros(1).long()])
-        hit = torch.nonzero((halves >= k // cl) & (nxt < k // cl))
-        w0 = min(max(16 * (int(hit[0]) if hit.numel() else 0) - 8, 0), 1024 - 32)
+        above = model.suffix_counts(hist)
+        w0 = model.window_start(above, k, cl)
         bound += above[torch.clamp(bins, min=w0, max=w0 + 32)]
     hit = torch.nonzero(bound >= k)
     return int(hit.max()) if hit.numel() else -1
@@ -91,7 +67,7 @@ def upper_bound_cut(hists: list[torch.Tensor], k: int, cl: int) -> int:
 
 def test_a_wrong_bound_is_caught() -> None:
     hists = block_hists(heterogeneous_row(112_464, 16, torch.Generator().manual_seed(1)), 16)
-    exact = exact_cut(hists, 512)
+    exact = model.exact_cut(hists, 512)
     assert upper_bound_cut(hists, 512, 16) > exact  # the safety check above would fail it
     assert model.window_cut(hists, 512, 16) <= exact  # the kernel's bound: safe, if loose
 
@@ -105,6 +81,6 @@ def test_gpu_skewed_rows_include_a_window_that_misses_the_cut() -> None:
         for n in (112_464, 191_998):
             for i, row in enumerate(skewed(n, gen)):
                 hists = block_hists(row, 16)
-                if model.window_cut(hists, k, 16) < exact_cut(hists, k):
+                if model.window_cut(hists, k, 16) < model.exact_cut(hists, k):
                     missed.append((k, n, i))
     assert missed, "no GPU-tested row exercises a window that misses the cut"
