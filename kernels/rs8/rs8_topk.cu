@@ -717,11 +717,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int q = 0; q < CL; ++q) push_u32(peer_addr(dst, q), word, peer_addr(mb_win, q));
     }
     RS8_MARK(1);
+    mbar_wait(mb_win);
     if (RS8_STOP == 1) {  // probe: load + window round
-      mbar_wait(mb_win);
       if (lane == 0) out[rank] = static_cast<int>(misc->win_all[0][0]);
     } else {
-      mbar_wait(mb_win);
       RS8_MARK(2);
       const unsigned short* wh = reinterpret_cast<const unsigned short*>(misc->win_all);
       constexpr int kHalves = 2 * kWinWords;
