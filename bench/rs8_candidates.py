@@ -8,7 +8,7 @@ largest per-thread maximum as the kernel finds it since the seventh session: a l
 from every block's 32-bin window of its histogram (one DSMEM round), which may put the cut
 some bins below the exact one where a block's window misses it (column "cut below
 exact"). The GPU benchmark used Gaussian rows only; this replays the
-kernel's own layout (512 threads, float4 quads, slices of ceil(L/CL) rounded to 4) and
+kernel's own layout (512 or 1,024 threads, float4 quads, slices of ceil(L/CL) rounded to 4) and
 bucket map on other shapes, without a GPU, and prints how close each comes to the cap.
 
     python3 bench/rs8_candidates.py --ctx 112464,191998 --clusters 16,8,4
@@ -27,13 +27,17 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels" / "rs8" / "python"))
 from rs8_ref import float_keys  # the kernel's to_key, as int64
 
-THREADS = 512
 ROW_REG_KEYS = 196_608
 E_LO = 113  # exponent of 2^-14, as in the kernel
 # Candidates per block (rs8_topk.cu's kSegCap): SM120's 99 KB less Misc (4,608 B) and the
 # maxima histogram (4 KB), shared by the block's own candidates (8 B collected + 8 B sorted)
 # and the keys received from the CL blocks (4 B each).
 SEG_BYTES = 101_376 - 4_608 - 4_096
+
+
+def threads(cl: int) -> int:
+    """Threads per block for cl blocks per row (rs8_topk.cu's Block<CL>)."""
+    return 1024 if cl == 8 else 512
 
 
 def list_cap(k: int, cl: int, old: bool = False) -> int:
@@ -63,18 +67,18 @@ def bucket_lo(b: int) -> int:
     return 0x80000000 + mag_lo(b - 512) if b >= 512 else 0x7FFFFFFF - mag_hi(511 - b)
 
 
-def per_thread_max(keys: torch.Tensor, quads: int) -> torch.Tensor:
-    """Max key per thread of one block's slice: thread t holds quads t + u*THREADS (u < quads)
-    in registers; the rest of the slice (the tail) is spread over threads by index."""
+def per_thread_max(keys: torch.Tensor, quads: int, nt: int) -> torch.Tensor:
+    """Max key per thread of one block's slice (nt threads): thread t holds quads t + u*nt
+    (u < quads) in registers; the rest of the slice (the tail) is spread over threads by index."""
     n = keys.numel()
-    mx = torch.full((THREADS,), -1, dtype=torch.int64)
-    held = min(n // 4, quads * THREADS)
+    mx = torch.full((nt,), -1, dtype=torch.int64)
+    held = min(n // 4, quads * nt)
     q = keys[: 4 * held].view(-1, 4).amax(dim=1)  # per quad
     v = torch.arange(held)
-    mx.scatter_reduce_(0, v % THREADS, q, reduce="amax")
+    mx.scatter_reduce_(0, v % nt, q, reduce="amax")
     tail = keys[4 * held :]
     if tail.numel():
-        t = torch.arange(tail.numel()) % THREADS
+        t = torch.arange(tail.numel()) % nt
         mx.scatter_reduce_(0, t, tail, reduce="amax")
     return mx[mx >= 0]
 
@@ -88,9 +92,12 @@ def suffix_counts(hist: torch.Tensor) -> torch.Tensor:
 def block_hists(keys: torch.Tensor, cl: int) -> list[torch.Tensor]:
     """Each block's 1,024-bin histogram of per-thread maxima, laid out as the kernel does."""
     cs = ((math.ceil(keys.numel() / cl)) + 3) & ~3
-    quads = min(ROW_REG_KEYS // cl // (4 * THREADS), 12)
+    nt = threads(cl)
+    quads = min(ROW_REG_KEYS // cl // (4 * nt), 12)
     return [
-        torch.bincount(bucket(per_thread_max(keys[r * cs : (r + 1) * cs], quads)), minlength=1024)
+        torch.bincount(
+            bucket(per_thread_max(keys[r * cs : (r + 1) * cs], quads, nt)), minlength=1024
+        )
         for r in range(cl)
     ]
 

@@ -44,11 +44,12 @@ if [[ " $STEPS " == *" smoke "* ]]; then  # one row shape per cluster size, exac
   timeout 60 python3 bench/rs8_check.py 6x100 6x5000 6x150000 6x190000 2>&1 | tee "$OUT/smoke.log"
 fi
 if [[ " $STEPS " == *" sanitize "* ]]; then  # memcheck, racecheck, synccheck on small calls
-  # 16-, 16- and 4-block clusters, each with one constant row (the general path)
+  # 16-, 16-, 8- and 4-block clusters, each with one constant row (the general path)
   for tool in memcheck racecheck synccheck; do
     echo "== compute-sanitizer --tool $tool" | tee -a "$OUT/sanitize.log"
     timeout 240 compute-sanitizer --tool "$tool" python3 bench/rs8_check.py 6x5000 6x150000 \
-      48x120000 --constant-row --label "sanitized run" 2>&1 | tail -6 | tee -a "$OUT/sanitize.log"
+      12x150000 48x120000 --constant-row --label "sanitized run" 2>&1 | tail -7 |
+      tee -a "$OUT/sanitize.log"
   done
 fi
 if [[ " $STEPS " == *" tests "* ]]; then

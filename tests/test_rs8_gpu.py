@@ -100,11 +100,10 @@ def edge_lengths(k: int, gen: torch.Generator) -> list[int]:
 
 @pytest.mark.parametrize("k", [512, 1024, 2048])
 def test_random_rows_all_lengths(k: int) -> None:
-    """Six rows per call (16-block clusters on an H200), then all rows and 4x that in one call.
-
-    Many rows make the kernel use 8- and then 4-block clusters (the latter in
-    waves, with long tails past the register-held keys), so every cluster size
-    and its tail path is checked.
+    """Six rows per call (16-block clusters on an H200), twelve (8-block clusters, 1,024
+    threads), then all rows and 4x that in one call (4-block clusters, the latter in
+    waves, with long tails past the register-held keys), so every cluster size, block
+    shape and tail path is checked.
     """
     gen = torch.Generator().manual_seed(k)
     lengths = edge_lengths(k, gen)
@@ -113,9 +112,10 @@ def test_random_rows_all_lengths(k: int) -> None:
     logits[1::3] = torch.relu(logits[1::3])  # ReLU-like rows: many exact-zero ties
     logits[2::5] = torch.round(logits[2::5] * 4) / 4  # coarse values: ties at the cutoff
     dev = logits.cuda()
-    for lo in range(0, len(lengths), 6):
-        part = lengths[lo : lo + 6]
-        assert mismatched_rows(dev[lo : lo + 6], 1, per_row(part), k) == [], lo
+    for step in (6, 12):
+        for lo in range(0, len(lengths), step):
+            part = lengths[lo : lo + step]
+            assert mismatched_rows(dev[lo : lo + step], 1, per_row(part), k) == [], (step, lo)
     assert mismatched_rows(dev, 1, per_row(lengths), k) == []
     many = dev.repeat(4, 1)
     assert mismatched_rows(many, 1, per_row(lengths * 4), k) == []
@@ -196,14 +196,16 @@ def skewed(n: int, gen: torch.Generator) -> torch.Tensor:
 
 @pytest.mark.parametrize("k", [512, 1024, 2048])
 def test_skewed_rows(k: int) -> None:
-    """Skewed rows on 16-block clusters (7 rows) and 4-block clusters (56 rows, tails)."""
+    """Skewed rows on 16-block clusters (7 rows), 8-block clusters (14 rows) and 4-block
+    clusters (56 rows, tails)."""
     gen = torch.Generator().manual_seed(7 * k)
     for n in (112_464, 191_998):
         logits = skewed(n, gen).cuda()
         rows = logits.shape[0]
         assert mismatched_rows(logits, 1, per_row([n] * rows), k) == [], n
-        many = logits.repeat(8, 1)
-        assert mismatched_rows(many, 1, per_row([n] * 8 * rows), k) == [], n
+        for times in (2, 8):
+            many = logits.repeat(times, 1)
+            assert mismatched_rows(many, 1, per_row([n] * times * rows), k) == [], (n, times)
 
 
 def test_noncontiguous_strides_and_1d_seq_lens() -> None:

@@ -30,7 +30,7 @@ def block_hists(row: torch.Tensor, cl: int) -> list[torch.Tensor]:
     return model.block_hists(float_keys(row), cl)
 
 
-@pytest.mark.parametrize("cl", [16, 4])
+@pytest.mark.parametrize("cl", [16, 8, 4])
 def test_window_cut_never_above_the_exact_cut(cl: int) -> None:
     gen = torch.Generator().manual_seed(cl)
     n = 60_000

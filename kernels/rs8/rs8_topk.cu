@@ -55,12 +55,22 @@ namespace {
 constexpr int kCluster = 8;       // blocks per row (portable cluster size)
 constexpr int kMaxCluster = 16;   // blocks per row where the device allows (non-portable)
 #ifndef RS8_THREADS
-#define RS8_THREADS 512  // fewer, fatter threads: per-warp overhead is paid by fewer warps
+#define RS8_THREADS 0  // probe: threads per block for every cluster size (0: the measured default)
 #endif
-constexpr int kThreads = RS8_THREADS;  // threads per block
-constexpr int kWarps = kThreads / 32;
-constexpr int kLgThreads = kThreads == 1024 ? 10 : kThreads == 512 ? 9 : kThreads == 256 ? 8 : 7;
-static_assert((1 << kLgThreads) == kThreads, "threads per block: 128, 256, 512 or 1024");
+// Threads per block for CL blocks per row.  8-block clusters run 1,024 (NOTES.md
+// run 69: 2-6% faster at 2 requests than 512, with 8 warps per scheduler to
+// overlap the load, collect and sort chains); 16- and 4-block clusters 512
+// (at 16 blocks 1,024 was 6-9% slower at one request: the block barriers and
+// the sort's 16 threads per entry cost more than the overlap gives; at 4
+// blocks it was -4% to +3% by length, with spills).
+template <int CL>
+struct Block {
+  static constexpr int kThreads = RS8_THREADS ? RS8_THREADS : (CL == 8 ? 1024 : 512);
+  static constexpr int kWarps = kThreads / 32;
+  static constexpr int kLgThreads =
+      kThreads == 1024 ? 10 : kThreads == 512 ? 9 : kThreads == 256 ? 8 : 7;
+  static_assert((1 << kLgThreads) == kThreads, "threads per block: 128, 256, 512 or 1024");
+};
 #ifndef RS8_STOP
 #define RS8_STOP 0  // timing probe only (NOTES.md run 31): leave early, output invalid
 #endif
@@ -73,6 +83,7 @@ template <int CL>
 struct Regs {
   // At most 12 float4s (48 keys) per thread: 128 registers with 512 threads.
   // 4-block clusters hold less of a long row; the rest is tail.
+  static constexpr int kThreads = Block<CL>::kThreads;
   static constexpr int kQuads = kRowRegKeys / CL / (4 * kThreads) < 12
                                     ? kRowRegKeys / CL / (4 * kThreads)
                                     : 12;
@@ -82,7 +93,6 @@ struct Regs {
 constexpr int kDigitBits = 10;    // radix digit width (general path)
 constexpr int kBins = 1 << kDigitBits;
 constexpr int kSmemLimit = 101376;  // SM120: 99 KB opt-in per block
-static_assert(kBins % kThreads == 0, "block shape");
 constexpr int kMiscBytes = 4608;  // shared-memory bytes of Misc (below), rounded up
 // The threshold's one DSMEM round: every block sends a window of kWin bins of
 // its maxima histogram placed around its own estimate of the cut (the bin of
@@ -94,7 +104,9 @@ constexpr int kWin = 32;
 constexpr int kWinBelow = 8;  // window bottom: this many bins below the estimate's half-group
 constexpr int kWinWords = (kWin + 2) / 2;  // halves: kWin + 1 suffix counts, then the position
 constexpr int kHalfGroups = kBins / 16;      // 16-bin half-groups: the estimate's unit
-static_assert(kThreads < 65536, "packed window counts need 16 bits");
+static_assert(Block<16>::kThreads < 65536 && Block<8>::kThreads < 65536 &&
+                  Block<4>::kThreads < 65536,
+              "packed window counts need 16 bits");
 
 // Shared-memory plan per k.  The fast path uses [hist | U | S | seg]; the general
 // path, which only starts after the fast path's last DSMEM access, reuses the
@@ -312,6 +324,7 @@ __device__ __forceinline__ bool find_bin(cg::cluster_group& cluster, unsigned in
 
 // Group sums of a block's histogram (32 groups of 32 bins) for find_bin.
 // Call after the histogram is complete (__syncthreads).
+template <int kWarps>
 __device__ __forceinline__ void publish_group_sums(const unsigned int* hist, unsigned int* gsum,
                                                    int tid) {
   for (int w = tid >> 5; w < 32; w += kWarps) {
@@ -329,6 +342,7 @@ __device__ __noinline__ void general_path(cg::cluster_group& cluster, unsigned c
                                           Misc* misc, const float* chunk, long long stride1,
                                           int n, int start, int Li, int* out, int rank) {
   using P = Plan<K, CL>;
+  constexpr int kThreads = Block<CL>::kThreads;
   const int tid = threadIdx.x;
   const int lane = tid & 31;
   unsigned int* hA = reinterpret_cast<unsigned int*>(smem);
@@ -370,7 +384,7 @@ __device__ __noinline__ void general_path(cg::cluster_group& cluster, unsigned c
       }
     }
     __syncthreads();
-    publish_group_sums(hA, misc->gsum[par], tid);
+    publish_group_sums<Block<CL>::kWarps>(hA, misc->gsum[par], tid);
     // All histograms complete, and every block is done reading the previous
     // pass's buffers (double-buffered by parity).
     cluster.sync();
@@ -481,7 +495,7 @@ __device__ __noinline__ void general_path(cg::cluster_group& cluster, unsigned c
 // fn(i, key) for each.  TQ float4 loads in flight per thread when the slice
 // is contiguous and 16-byte aligned (tail0 is a multiple of 4), else 2*TQ
 // scalar loads.
-template <int TQ, typename F>
+template <int TQ, int kThreads, typename F>
 __device__ __forceinline__ void scan_tail(const float* chunk, long long stride1, bool vec,
                                           int tail0, int n, int tid, F&& fn) {
   if (vec) {
@@ -523,7 +537,7 @@ __device__ __forceinline__ void scan_tail(const float* chunk, long long stride1,
 
 // Launched with a cluster dimension of CL (cudaLaunchKernelEx; 16 is non-portable).
 template <int K, int CL>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(Block<CL>::kThreads, 1)
     topk_decode_kernel(const float* __restrict__ logits, long long stride0, int stride1, int ncols,
                        const int* __restrict__ seq_lens, int seq_2d, int next_n,
                        int* __restrict__ indices) {
@@ -532,6 +546,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   // sat in a second line, and every block waited for two constant misses in a
   // row at its start (Nsight Compute, NOTES.md runs 56-57).
   using P = Plan<K, CL>;
+  constexpr int kThreads = Block<CL>::kThreads;
+  constexpr int kWarps = Block<CL>::kWarps;
+  constexpr int kLgThreads = Block<CL>::kLgThreads;
+  static_assert(kBins % kThreads == 0, "block shape");
   constexpr int kSegCap = P::kSegCap;
   constexpr int kSegStride = P::kSegStride;
   constexpr int kQuads = Regs<CL>::kQuads;
@@ -654,7 +672,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   }
   // Tail (long slices with small clusters): streamed, only its maximum kept.
-  scan_tail<RS8_TAIL0>(chunk, stride1, vec, tail0, n, tid, [&](int, unsigned int k) {
+  scan_tail<RS8_TAIL0, kThreads>(chunk, stride1, vec, tail0, n, tid, [&](int, unsigned int k) {
     mx = k > mx ? k : mx;
     has = true;
   });
@@ -783,7 +801,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (held && kq[u][c] >= thr) push(4 * (tid + u * kThreads) + c, kq[u][c]);
     }
   }
-  scan_tail<8>(chunk, stride1, vec, tail0, n, tid, [&](int i, unsigned int k) {
+  scan_tail<8, kThreads>(chunk, stride1, vec, tail0, n, tid, [&](int i, unsigned int k) {
     if (k >= thr) push(i, k);
   });
   __syncthreads();
@@ -928,7 +946,7 @@ template <int K, int CL>
 cudaLaunchConfig_t config(unsigned int blocks, cudaStream_t stream, cudaLaunchAttribute* attr) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(blocks);
-  cfg.blockDim = dim3(kThreads);
+  cfg.blockDim = dim3(Block<CL>::kThreads);
   cfg.dynamicSmemBytes = Plan<K, CL>::kSmemBytes;
   cfg.stream = stream;
   attr->id = cudaLaunchAttributeClusterDimension;
