@@ -81,8 +81,9 @@ constexpr int kRowRegKeys = 196608;  // keys per row held in registers, whatever
 // Keys per block held in registers, and float4s of them per thread, for CL blocks per row.
 template <int CL>
 struct Regs {
-  // At most 12 float4s (48 keys) per thread: 128 registers with 512 threads.
-  // 4-block clusters hold less of a long row; the rest is tail.
+  // At most 12 float4s (48 keys) per thread: 128 registers with 512 threads
+  // (16 blocks hold 6, 4 blocks 12); 8-block clusters' 1,024 threads hold 6 in
+  // their 64.  4-block clusters hold less of a long row; the rest is tail.
   static constexpr int kThreads = Block<CL>::kThreads;
   static constexpr int kQuads = kRowRegKeys / CL / (4 * kThreads) < 12
                                     ? kRowRegKeys / CL / (4 * kThreads)
