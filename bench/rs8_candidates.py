@@ -37,7 +37,14 @@ SEG_BYTES = 101_376 - 4_608 - 4_096
 
 def threads(cl: int) -> int:
     """Threads per block for cl blocks per row (rs8_topk.cu's Block<CL>)."""
-    return 1024 if cl == 8 else 512
+    return 512 if cl == 16 else 1024
+
+
+def quads(cl: int) -> int:
+    """float4s each thread holds in registers (rs8_topk.cu's Regs<CL>): at most 12 in 512
+    threads' 128 registers, 8 in 1,024 threads' 64."""
+    nt = threads(cl)
+    return min(ROW_REG_KEYS // cl // (4 * nt), 8 if nt >= 1024 else 12)
 
 
 def list_cap(k: int, cl: int, old: bool = False) -> int:
@@ -67,12 +74,12 @@ def bucket_lo(b: int) -> int:
     return 0x80000000 + mag_lo(b - 512) if b >= 512 else 0x7FFFFFFF - mag_hi(511 - b)
 
 
-def per_thread_max(keys: torch.Tensor, quads: int, nt: int) -> torch.Tensor:
+def per_thread_max(keys: torch.Tensor, nquads: int, nt: int) -> torch.Tensor:
     """Max key per thread of one block's slice (nt threads): thread t holds quads t + u*nt
-    (u < quads) in registers; the rest of the slice (the tail) is spread over threads by index."""
+    (u < nquads) in registers; the rest of the slice (the tail) is spread over threads by index."""
     n = keys.numel()
     mx = torch.full((nt,), -1, dtype=torch.int64)
-    held = min(n // 4, quads * nt)
+    held = min(n // 4, nquads * nt)
     q = keys[: 4 * held].view(-1, 4).amax(dim=1)  # per quad
     v = torch.arange(held)
     mx.scatter_reduce_(0, v % nt, q, reduce="amax")
@@ -93,10 +100,9 @@ def block_hists(keys: torch.Tensor, cl: int) -> list[torch.Tensor]:
     """Each block's 1,024-bin histogram of per-thread maxima, laid out as the kernel does."""
     cs = ((math.ceil(keys.numel() / cl)) + 3) & ~3
     nt = threads(cl)
-    quads = min(ROW_REG_KEYS // cl // (4 * nt), 12)
     return [
         torch.bincount(
-            bucket(per_thread_max(keys[r * cs : (r + 1) * cs], quads, nt)), minlength=1024
+            bucket(per_thread_max(keys[r * cs : (r + 1) * cs], quads(cl), nt)), minlength=1024
         )
         for r in range(cl)
     ]

@@ -9,11 +9,18 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-BUILD = Path(__file__).resolve().parents[1] / "kernels" / "rs8" / "build.sh"
+ROOT = Path(__file__).resolve().parents[1]
+BUILD = ROOT / "kernels" / "rs8" / "build.sh"
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "kernels" / "rs8" / "python"))
+
+import rs8_candidates as model  # noqa: E402
+import rs8_op  # noqa: E402
 
 
 def _tools() -> None:
@@ -34,6 +41,16 @@ def test_sm120_build_holds_sm120_code(tmp_path: Path) -> None:
     assert (tmp_path / "librs8.so").is_file()
     assert "sm_120" in res.stdout
     assert _run("--check", str(tmp_path / "librs8.so"), "120").returncode == 0
+    # The register-held keys per block (host code, no GPU needed) match the CPU model's
+    # block shape, which the threshold-model tests and bench/rs8_candidates.py rely on.
+    lib = rs8_op.open_library(tmp_path / "librs8.so")
+    for cl in (16, 8, 4):
+        assert lib.rs8_block_keys(512, cl) == 4 * model.quads(cl) * model.threads(cl), cl
+    assert [16 * lib.rs8_block_keys(2048, 16), 4 * lib.rs8_block_keys(1024, 4)] == [
+        196_608,
+        131_072,
+    ]
+    assert lib.rs8_block_keys(512, 2) == 0 and lib.rs8_block_keys(100, 16) == 0
 
 
 def test_check_rejects_a_build_without_sm120(tmp_path: Path) -> None:

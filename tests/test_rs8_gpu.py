@@ -87,11 +87,11 @@ def per_row(lengths: list[int]) -> torch.Tensor:
 
 
 def edge_lengths(k: int, gen: torch.Generator) -> list[int]:
-    """Lengths at every boundary: k, one block's register-held keys and 2, 4 and 8 times that."""
+    """Lengths at every boundary: k, one block's register-held keys and 2, 4 and 8 times that,
+    and the row length past which 4-block clusters stream a tail."""
     cache = rs8_op.cache_keys(k)
     fixed = [1, 2, k - 1, k, k + 1, k + 2, 1000, 4097, cache - 1, cache, cache + 1]
-    for blocks in (2, 4, 8):
-        edge = blocks * cache
+    for edge in sorted({2 * cache, 4 * cache, 8 * cache, 4 * rs8_op.block_keys(k, 4)}):
         fixed += [edge - 1, edge, edge + 1, edge + 4, edge + 5]
     fixed += [200_000, 262_144, 300_000]
     rand = torch.randint(1, 300_001, (10,), generator=gen).tolist()
@@ -100,10 +100,10 @@ def edge_lengths(k: int, gen: torch.Generator) -> list[int]:
 
 @pytest.mark.parametrize("k", [512, 1024, 2048])
 def test_random_rows_all_lengths(k: int) -> None:
-    """Six rows per call (16-block clusters on an H200), twelve (8-block clusters, 1,024
-    threads), then all rows and 4x that in one call (4-block clusters, the latter in
-    waves, with long tails past the register-held keys), so every cluster size, block
-    shape and tail path is checked.
+    """Six rows per call (16-block clusters on an H200, 512 threads), twelve (8-block
+    clusters, 1,024 threads), then all rows and 4x that in one call (4-block clusters, 1,024
+    threads, the latter in waves, with long tails past the register-held keys), so every
+    cluster size, block shape and tail path is checked.
     """
     gen = torch.Generator().manual_seed(k)
     lengths = edge_lengths(k, gen)

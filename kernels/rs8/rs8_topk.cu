@@ -57,15 +57,15 @@ constexpr int kMaxCluster = 16;   // blocks per row where the device allows (non
 #ifndef RS8_THREADS
 #define RS8_THREADS 0  // probe: threads per block for every cluster size (0: the measured default)
 #endif
-// Threads per block for CL blocks per row.  8-block clusters run 1,024 (NOTES.md
-// run 69: 2-6% faster at 2 requests than 512, with 8 warps per scheduler to
-// overlap the load, collect and sort chains); 16- and 4-block clusters 512
-// (at 16 blocks 1,024 was 6-9% slower at one request: the block barriers and
-// the sort's 16 threads per entry cost more than the overlap gives; at 4
-// blocks it was -4% to +3% by length, with spills).
+// Threads per block for CL blocks per row.  8- and 4-block clusters run 1,024
+// (NOTES.md runs 69-78: 8 warps per scheduler overlap the load, collect and
+// sort chains of threads that hold many keys; 2 requests 1-6% faster than 512,
+// 4 and 8 requests 7-21%); 16-block clusters 512 (with ~14 keys per thread,
+// 1,024 was 6-9% slower at one request: the block barriers and the sort's 16
+// threads per entry cost more than the overlap gives).
 template <int CL>
 struct Block {
-  static constexpr int kThreads = RS8_THREADS ? RS8_THREADS : (CL == 8 ? 1024 : 512);
+  static constexpr int kThreads = RS8_THREADS ? RS8_THREADS : (CL == 16 ? 512 : 1024);
   static constexpr int kWarps = kThreads / 32;
   static constexpr int kLgThreads =
       kThreads == 1024 ? 10 : kThreads == 512 ? 9 : kThreads == 256 ? 8 : 7;
@@ -77,17 +77,19 @@ struct Block {
 #ifndef RS8_TAIL0
 #define RS8_TAIL0 4  // tail float4 loads in flight per thread while keys fill registers
 #endif
-constexpr int kRowRegKeys = 196608;  // keys per row held in registers, whatever the cluster
+constexpr int kRowRegKeys = 196608;  // keys per row held in registers (4 blocks: 131,072)
 // Keys per block held in registers, and float4s of them per thread, for CL blocks per row.
 template <int CL>
 struct Regs {
-  // At most 12 float4s (48 keys) per thread: 128 registers with 512 threads
-  // (16 blocks hold 6, 4 blocks 12); 8-block clusters' 1,024 threads hold 6 in
-  // their 64.  4-block clusters hold less of a long row; the rest is tail.
+  // At most 12 float4s (48 keys) per thread in 128 registers with 512 threads,
+  // 8 (32 keys) in 64 with 1,024: 12 spilled there (NOTES.md run 77).  16 and 8
+  // blocks hold 6; 4 blocks hold 8, i.e. 131,072 keys of a row, and stream the
+  // rest (the tail).
   static constexpr int kThreads = Block<CL>::kThreads;
-  static constexpr int kQuads = kRowRegKeys / CL / (4 * kThreads) < 12
+  static constexpr int kMaxQuads = kThreads >= 1024 ? 8 : 12;
+  static constexpr int kQuads = kRowRegKeys / CL / (4 * kThreads) < kMaxQuads
                                     ? kRowRegKeys / CL / (4 * kThreads)
-                                    : 12;
+                                    : kMaxQuads;
   static constexpr int kKeys = kQuads * 4 * kThreads;
   static_assert(kQuads >= 1, "block shape");
 };
@@ -1062,8 +1064,24 @@ int rs8_topk_decode(const float* logits, long long stride0, long long stride1, l
   }
 }
 
-// Keys each block holds in registers (0 if k unsupported); longer slices take
-// the tail path, and tests probe the edges.
+// Keys one block holds in registers with cl blocks per row (16, 8 or 4; 0 if k
+// or cl is unsupported): a longer slice streams the rest (the tail path), and
+// tests probe the edges.
+int rs8_block_keys(int k, int cl) {
+  if (k != 512 && k != 1024 && k != 2048) return 0;
+  switch (cl) {
+    case 16:
+      return rs8::Regs<16>::kKeys;
+    case 8:
+      return rs8::Regs<8>::kKeys;
+    case 4:
+      return rs8::Regs<4>::kKeys;
+    default:
+      return 0;
+  }
+}
+
+// Keys one block of an 8-block cluster holds in registers (0 if k unsupported).
 int rs8_cache_keys(int k) {
   switch (k) {
     case 512:

@@ -46,6 +46,8 @@ def open_library(path: str | Path) -> ctypes.CDLL:
     ]
     lib.rs8_cache_keys.restype = ctypes.c_int
     lib.rs8_cache_keys.argtypes = [ctypes.c_int]
+    lib.rs8_block_keys.restype = ctypes.c_int
+    lib.rs8_block_keys.argtypes = [ctypes.c_int, ctypes.c_int]
     return lib
 
 
@@ -67,6 +69,11 @@ def load_library() -> ctypes.CDLL:
 def cache_keys(k: int) -> int:
     """Keys one block of an 8-block cluster holds in registers (tests probe its edges)."""
     return int(load_library().rs8_cache_keys(k))
+
+
+def block_keys(k: int, cl: int) -> int:
+    """Keys one block holds in registers with cl blocks per row (16, 8 or 4)."""
+    return int(load_library().rs8_block_keys(k, cl))
 
 
 def launch(
