@@ -96,9 +96,14 @@ def suffix_counts(hist: torch.Tensor) -> torch.Tensor:
     return torch.cat([above, torch.zeros(1, dtype=above.dtype)])
 
 
+def slice_len(n: int, cl: int) -> int:
+    """Keys each block owns of a row of n: ceil(n / cl) rounded up to a multiple of 4."""
+    return (math.ceil(n / cl) + 3) & ~3
+
+
 def block_hists(keys: torch.Tensor, cl: int) -> list[torch.Tensor]:
     """Each block's 1,024-bin histogram of per-thread maxima, laid out as the kernel does."""
-    cs = ((math.ceil(keys.numel() / cl)) + 3) & ~3
+    cs = slice_len(keys.numel(), cl)
     nt = threads(cl)
     return [
         torch.bincount(
@@ -142,7 +147,7 @@ def window_cut(hists: list[torch.Tensor], k: int, cl: int) -> int:
 def simulate(row: torch.Tensor, k: int, cl: int, old: bool = False) -> tuple[int, int, float, int]:
     """(largest block's candidate count, the cap, candidates over k, bins the kernel's cut
     lies below the exact one) for one row."""
-    cs = ((math.ceil(row.numel() / cl)) + 3) & ~3
+    cs = slice_len(row.numel(), cl)
     keys = float_keys(row)
     hists = block_hists(keys, cl)
     cut = window_cut(hists, k, cl)

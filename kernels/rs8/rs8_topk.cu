@@ -70,6 +70,7 @@ struct Block {
   static constexpr int kLgThreads =
       kThreads == 1024 ? 10 : kThreads == 512 ? 9 : kThreads == 256 ? 8 : 7;
   static_assert((1 << kLgThreads) == kThreads, "threads per block: 128, 256, 512 or 1024");
+  static_assert(kThreads < 65536, "packed window counts need 16 bits");  // (one max per thread)
 };
 #ifndef RS8_STOP
 #define RS8_STOP 0  // timing probe only (NOTES.md run 31): leave early, output invalid
@@ -107,9 +108,6 @@ constexpr int kWin = 32;
 constexpr int kWinBelow = 8;  // window bottom: this many bins below the estimate's half-group
 constexpr int kWinWords = (kWin + 2) / 2;  // halves: kWin + 1 suffix counts, then the position
 constexpr int kHalfGroups = kBins / 16;      // 16-bin half-groups: the estimate's unit
-static_assert(Block<16>::kThreads < 65536 && Block<8>::kThreads < 65536 &&
-                  Block<4>::kThreads < 65536,
-              "packed window counts need 16 bits");
 
 // Shared-memory plan per k.  The fast path uses [hist | U | S | seg]; the general
 // path, which only starts after the fast path's last DSMEM access, reuses the
@@ -1082,16 +1080,7 @@ int rs8_block_keys(int k, int cl) {
 }
 
 // Keys one block of an 8-block cluster holds in registers (0 if k unsupported).
-int rs8_cache_keys(int k) {
-  switch (k) {
-    case 512:
-    case 1024:
-    case 2048:
-      return rs8::kRowRegKeys / rs8::kCluster;
-    default:
-      return 0;
-  }
-}
+int rs8_cache_keys(int k) { return rs8_block_keys(k, rs8::kCluster); }
 
 // Blocks per row with the portable cluster size (16 where the device allows it
 // and the rows fit at once).
