@@ -83,8 +83,8 @@ constexpr int kRowRegKeys = 196608;  // keys per row held in registers (4 blocks
 template <int CL>
 struct Regs {
   // At most 12 float4s (48 keys) per thread in 128 registers with 512 threads,
-  // 8 (32 keys) in 64 with 1,024: 12 spilled there (NOTES.md run 77; on sm_90a:
-  // sm_120's 4-block kernels spill 20 bytes at 8, unmeasured).  16 and 8
+  // 8 (32 keys) in 64 with 1,024 (12 spilled there, NOTES.md run 77).  Checked on
+  // sm_90a; sm_120's 4-block kernels spill 20 bytes at 8 (not measured).  16 and 8
   // blocks hold 6; 4 blocks hold 8, i.e. 131,072 keys of a row, and stream the
   // rest (the tail).
   static constexpr int kThreads = Block<CL>::kThreads;
