@@ -169,6 +169,43 @@ __device__ long long g_rs8_clock[kMaxCluster][16];
   } while (0)
 #endif
 
+#ifdef RS8_TSTAMP
+// Wall-clock stamps (globaltimer, ns) of every block, for the last call only
+// (probe build; bench/rs8_block_times.py reads them).  Stage stamps of thread 0
+// per block, [block][0..6], smid in [block][7]; per warp around the collect,
+// [block][warp][0..3].  clock64 (RS8_MARK) is per SM, so only these can line
+// up blocks and clusters against each other.  A stamp taken "after" a value
+// branches on it first: a globaltimer read depends on nothing, and ptxas
+// would otherwise issue it before the barrier or load it follows has resolved.
+constexpr int kStampBlocks = 1024;
+__device__ unsigned long long g_rs8_stamp[kStampBlocks][8];
+__device__ unsigned long long g_rs8_wstamp[kStampBlocks][32][4];
+__device__ __forceinline__ unsigned long long rs8_gtime() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
+  return t;
+}
+__device__ __forceinline__ unsigned long long rs8_gtime_after(unsigned int v) {
+  if (v == 0x9e3779b9u) asm volatile("trap;");  // never: a branch on v
+  return rs8_gtime();
+}
+#define RS8_STAMP(i)                    \
+  do {                                  \
+    if (tid == 0) rs8_ts[i] = rs8_gtime(); \
+  } while (0)
+#define RS8_WSTAMP(i, t)            \
+  do {                              \
+    if (lane == 0) rs8_wts[i] = (t); \
+  } while (0)
+#else
+#define RS8_STAMP(i) \
+  do {               \
+  } while (0)
+#define RS8_WSTAMP(i, t) \
+  do {                   \
+  } while (0)
+#endif
+
 // Float32 bits -> unsigned key whose unsigned order is the float total order.
 __device__ __forceinline__ unsigned int to_key(unsigned int u) {
 #ifdef RS8_BREAK
@@ -573,6 +610,11 @@ __global__ void __launch_bounds__(Block<CL>::kThreads, 1)
   const int row = blockIdx.x / CL;
   const int tid = threadIdx.x;
   const int lane = tid & 31;
+#ifdef RS8_TSTAMP
+  unsigned long long rs8_ts[7] = {0, 0, 0, 0, 0, 0, 0};
+  unsigned long long rs8_wts[4] = {0, 0, 0, 0};
+#endif
+  RS8_STAMP(0);
 
   // Row length (rowStart is always 0 for decode rows).
   // (one load, used only after the setup below, which overlaps its latency)
@@ -625,6 +667,7 @@ __global__ void __launch_bounds__(Block<CL>::kThreads, 1)
 
 
   RS8_MARK(0);
+  RS8_STAMP(1);
   if (RS8_STOP == 6) {  // probe: launch + prologue
     if (tid == 0) out[rank] = Li;
     return;
@@ -684,6 +727,7 @@ __global__ void __launch_bounds__(Block<CL>::kThreads, 1)
     if (tid == 0) out[rank] = static_cast<int>(hist[bucket(mx)]);
     return;
   }
+  RS8_STAMP(2);
   asm volatile("barrier.cluster.wait.aligned;" ::: "memory");  // every block is running
   // ---- 2. threshold T: one DSMEM round of histogram windows ---------------
   // The cut is the bin c holding the K-th largest per-thread maximum of the
@@ -775,9 +819,12 @@ __global__ void __launch_bounds__(Block<CL>::kThreads, 1)
     }
   }
   if (RS8_STOP == 1) return;
+  RS8_WSTAMP(0, rs8_gtime());
   __syncthreads();
   const unsigned int thr = misc->thr;
+  RS8_WSTAMP(1, rs8_gtime_after(thr));
   RS8_MARK(3);
+  RS8_STAMP(3);
   if (RS8_STOP == 2) {  // probe: + threshold
     if (tid == 0) out[rank] = static_cast<int>(thr);
     return;
@@ -806,9 +853,15 @@ __global__ void __launch_bounds__(Block<CL>::kThreads, 1)
   scan_tail<8, kThreads>(chunk, stride1, vec, tail0, n, tid, [&](int i, unsigned int k) {
     if (k >= thr) push(i, k);
   });
+#ifdef RS8_TSTAMP
+  __syncwarp();  // the warp's last atomic and stores issued
+  RS8_WSTAMP(2, rs8_gtime_after(*reinterpret_cast<volatile unsigned int*>(&misc->nloc)));
+#endif
   __syncthreads();
   const unsigned int nloc = misc->nloc;
+  RS8_WSTAMP(3, rs8_gtime_after(nloc));
   RS8_MARK(4);
+  RS8_STAMP(4);
   if (RS8_STOP == 3) {  // probe: + collect
     if (tid == 0) out[rank] = static_cast<int>(nloc);
     return;
@@ -889,6 +942,7 @@ __global__ void __launch_bounds__(Block<CL>::kThreads, 1)
   RS8_MARK(7);
   mbar_wait(mb_list);  // also when falling back: nothing may land in reused bytes later
   RS8_MARK(8);
+  RS8_STAMP(5);
 #ifdef RS8_TIMING
   if (row == 0 && rank == 0 && tid == 0) g_rs8_clock[0][14] = total;  // row 0's candidates
 #endif
@@ -932,6 +986,20 @@ __global__ void __launch_bounds__(Block<CL>::kThreads, 1)
       if (sub == 0 && e < nloc && gt < static_cast<unsigned int>(K)) out[gt] = position_of(me);
     }
     RS8_MARK(9);
+#ifdef RS8_TSTAMP
+    __syncthreads();
+    RS8_STAMP(6);
+    if (blockIdx.x < kStampBlocks) {
+      unsigned int sm;
+      asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+      if (tid == 0) {
+        for (int i = 0; i < 7; ++i) g_rs8_stamp[blockIdx.x][i] = rs8_ts[i];
+        g_rs8_stamp[blockIdx.x][7] = sm;
+      }
+      if (lane == 0)
+        for (int i = 0; i < 4; ++i) g_rs8_wstamp[blockIdx.x][tid >> 5][i] = rs8_wts[i];
+    }
+#endif
     return;
   }
   // Too many candidates in some block: every block takes the general path.
@@ -1086,6 +1154,15 @@ int rs8_cache_keys(int k) { return rs8_block_keys(k, rs8::kCluster); }
 // Blocks per row with the portable cluster size (16 where the device allows it
 // and the rows fit at once).
 int rs8_cluster_size(void) { return rs8::kCluster; }
+
+#ifdef RS8_TSTAMP
+// Copy the last call's stamps: blocks x 8 and blocks x 32 warps x 4 uint64.
+int rs8_read_stamps(unsigned long long* blocks, unsigned long long* warps) {
+  cudaError_t e = cudaMemcpyFromSymbol(blocks, rs8::g_rs8_stamp, sizeof(rs8::g_rs8_stamp));
+  if (e == cudaSuccess) e = cudaMemcpyFromSymbol(warps, rs8::g_rs8_wstamp, sizeof(rs8::g_rs8_wstamp));
+  return static_cast<int>(e);
+}
+#endif
 
 #ifdef RS8_TIMING
 // Copy row 0's stage clocks (16 blocks x 16 int64) to host memory.
