@@ -189,12 +189,12 @@ __device__ __forceinline__ unsigned long long rs8_gtime_after(unsigned int v) {
   if (v == 0x9e3779b9u) asm volatile("trap;");  // never: a branch on v
   return rs8_gtime();
 }
-#define RS8_STAMP(i)                    \
-  do {                                  \
+#define RS8_STAMP(i)                       \
+  do {                                     \
     if (tid == 0) rs8_ts[i] = rs8_gtime(); \
   } while (0)
-#define RS8_WSTAMP(i, t)            \
-  do {                              \
+#define RS8_WSTAMP(i, t)             \
+  do {                               \
     if (lane == 0) rs8_wts[i] = (t); \
   } while (0)
 #else
@@ -1159,7 +1159,8 @@ int rs8_cluster_size(void) { return rs8::kCluster; }
 // Copy the last call's stamps: blocks x 8 and blocks x 32 warps x 4 uint64.
 int rs8_read_stamps(unsigned long long* blocks, unsigned long long* warps) {
   cudaError_t e = cudaMemcpyFromSymbol(blocks, rs8::g_rs8_stamp, sizeof(rs8::g_rs8_stamp));
-  if (e == cudaSuccess) e = cudaMemcpyFromSymbol(warps, rs8::g_rs8_wstamp, sizeof(rs8::g_rs8_wstamp));
+  if (e == cudaSuccess)
+    e = cudaMemcpyFromSymbol(warps, rs8::g_rs8_wstamp, sizeof(rs8::g_rs8_wstamp));
   return static_cast<int>(e);
 }
 #endif
