@@ -35,8 +35,13 @@ L2_SPAN = 160 * 2**20  # bytes of inputs cycled per graph, > 2x the H200's L2
 Launch = Callable[[int], None]
 
 
-def graph_time_us(fn: Launch, nbuf: int, replays: int, min_calls: int = 24) -> float:
-    """Median µs per call over graph replays of >= min_calls calls that cycle the buffers."""
+def buffers_past_l2(nbytes: int) -> int:
+    """Input buffers of nbytes each to cycle so that a graph's calls do not run from the L2."""
+    return max(2, min(32, math.ceil(L2_SPAN / nbytes)))
+
+
+def capture_graph(fn: Launch, nbuf: int, min_calls: int) -> tuple[torch.cuda.CUDAGraph, int]:
+    """A CUDA graph of >= min_calls calls of fn cycling over nbuf buffers, and its call count."""
     calls = nbuf * math.ceil(min_calls / nbuf)
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
@@ -47,6 +52,12 @@ def graph_time_us(fn: Launch, nbuf: int, replays: int, min_calls: int = 24) -> f
     with torch.cuda.graph(graph, stream=stream):
         for i in range(calls):
             fn(i % nbuf)
+    return graph, calls
+
+
+def graph_time_us(fn: Launch, nbuf: int, replays: int, min_calls: int = 24) -> float:
+    """Median µs per call over graph replays of >= min_calls calls that cycle the buffers."""
+    graph, calls = capture_graph(fn, nbuf, min_calls)
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()
@@ -97,7 +108,7 @@ def run_config(
     rows = NEXT_N * requests
     lengths = [ctx - NEXT_N + 1 + j for _ in range(requests) for j in range(NEXT_N)]
     seq2d = torch.tensor(lengths, dtype=torch.int32, device="cuda").reshape(requests, NEXT_N)
-    nbuf = max(2, min(32, math.ceil(L2_SPAN / (rows * width * 4))))
+    nbuf = buffers_past_l2(rows * width * 4)
     bufs = [torch.randn(rows, width, device="cuda") for _ in range(nbuf)]
     out = torch.full((rows, k), -1, dtype=torch.int32, device="cuda")
     ws = torch.zeros(2**20, dtype=torch.uint8, device="cuda")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import math
 import statistics
 import sys
 from collections import Counter
@@ -25,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels" / "rs8" / "python"))
 import rs8_op
-from rs8_bench import L2_SPAN, graph_time_us
+from rs8_bench import buffers_past_l2, capture_graph, graph_time_us
 
 STAMP_BLOCKS, WARPS = 1024, 32
 STAGES = ["prologue", "load+hist", "cluster wait+threshold", "collect", "sort+exchange", "rank"]
@@ -47,21 +46,14 @@ def probe(lib: ctypes.CDLL, rows: int, ctx: int, replays: int) -> dict[str, obje
     """Per-call time and stamp statistics for one row shape (medians over replays)."""
     seq = torch.full((rows, 1), ctx, dtype=torch.int32, device="cuda")
     out = torch.empty((rows, K), dtype=torch.int32, device="cuda")
-    nbuf = max(2, min(32, math.ceil(L2_SPAN / (rows * ctx * 4))))
+    nbuf = buffers_past_l2(rows * ctx * 4)
     bufs = [torch.randn(rows, ctx, device="cuda") for _ in range(nbuf)]
 
     def fn(i: int) -> None:
         rs8_op.launch(bufs[i], 1, seq, out, rows, ctx, 1, K, True, lib=lib)
 
     per_call = graph_time_us(fn, nbuf, 15)
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        fn(0)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        for i in range(nbuf * math.ceil(32 / nbuf)):
-            fn(i % nbuf)
+    graph, _ = capture_graph(fn, nbuf, 32)  # its last call leaves the stamps
     blocks = (ctypes.c_ulonglong * (STAMP_BLOCKS * 8))()
     warps = (ctypes.c_ulonglong * (STAMP_BLOCKS * WARPS * 4))()
     cl = cluster_size(rows)
