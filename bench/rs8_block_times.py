@@ -25,6 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels" / "rs8" / "python"))
 import rs8_op
 from rs8_bench import buffers_past_l2, capture_graph, graph_time_us
+from rs8_candidates import threads
 
 STAMP_BLOCKS, WARPS = 1024, 32
 STAGES = ["prologue", "load+hist", "cluster wait+threshold", "collect", "sort+exchange", "rank"]
@@ -57,7 +58,7 @@ def probe(lib: ctypes.CDLL, rows: int, ctx: int, replays: int) -> dict[str, obje
     blocks = (ctypes.c_ulonglong * (STAMP_BLOCKS * 8))()
     warps = (ctypes.c_ulonglong * (STAMP_BLOCKS * WARPS * 4))()
     cl = cluster_size(rows)
-    nwarps = (512 if cl == 16 else 1024) // 32
+    nwarps = threads(cl) // 32
     acc: dict[str, list[float]] = {}
     slowest: Counter[int] = Counter()
 
