@@ -89,6 +89,7 @@ def probe(lib: ctypes.CDLL, rows: int, ctx: int, replays: int) -> dict[str, obje
             arrive, leave, done, after = zip(*w, strict=True)
             collect = [d - s for d, s in zip(done, leave, strict=True)]
             add("threshold: warp 0 after the first warp at the barrier", w[0][0] - min(arrive))
+            add("threshold: last warp after warp 0 at the barrier", max(arrive) - w[0][0])
             add("collect per warp, median", statistics.median(collect))
             add("collect per warp, slowest", max(collect))
             add("collect barrier: last warp done -> release", min(after) - max(done))
