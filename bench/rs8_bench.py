@@ -147,10 +147,11 @@ def run_config(
     # Exactness on buffer 0.
     ref = rs8_ref.topk_decode_ref(bufs[0].cpu(), NEXT_N, seq2d.cpu(), k)
     checks: dict[str, str] = {}
-    out.fill_(-7)
-    fns["rs8"](0)
-    torch.cuda.synchronize()
-    checks["rs8"] = "byte-identical" if torch.equal(out.cpu(), ref) else "MISMATCH"
+    for name in ["rs8", *(variants or {})]:  # every rs8 build against the reference
+        out.fill_(-7)
+        fns[name](0)
+        torch.cuda.synchronize()
+        checks[name] = "byte-identical" if torch.equal(out.cpu(), ref) else "MISMATCH"
     host = bufs[0].cpu()
     for name in ("cooperative_topk", "persistent_topk", "top_k_per_row_decode"):
         if name not in fns:
