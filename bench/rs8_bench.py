@@ -7,8 +7,9 @@ changes which vLLM path runs, so each length is timed at a tight width and at
 exceed the 60 MB L2, so the numbers are not L2-resident replays (`--l2-resident`
 times every call on one buffer instead: the case where the logits were just
 written by the kernel before, as in the served decode step). Every config
-also checks exactness: rs8 byte-identical to the CPU reference, and each vLLM
-kernel the same set as the reference on rows whose cutoff has no exact tie.
+also checks exactness: rs8 and every --variant build byte-identical to the CPU
+reference, and each vLLM kernel the same set as the reference on rows whose cutoff
+has no exact tie.
 
     python3 bench/rs8_bench.py --vllm-lib /tmp/rs8vb/rs8vb.so --out results.md
 """
