@@ -19,10 +19,10 @@ import torch
 from rs8_candidates import (
     block_hists,
     bucket_lo,
+    exact_cut,
     float_keys,
     shapes,
     slice_len,
-    suffix_counts,
     window_cut,
 )
 
@@ -41,18 +41,22 @@ def main_candidates(keys: torch.Tensor, hists: list[torch.Tensor], k: int, cl: i
     return int((keys >= thr).sum())
 
 
+def composites(keys: torch.Tensor) -> torch.Tensor:
+    """One int64 per key in the canonical order: key descending, then lower position."""
+    pos = torch.arange(keys.numel(), dtype=torch.int64)
+    return keys * (1 << 20) + ((1 << 20) - 1 - pos)
+
+
 def one_round(
-    keys: torch.Tensor, hists: list[torch.Tensor], k: int, cl: int, m: int
+    keys: torch.Tensor, comp: torch.Tensor, hists: list[torch.Tensor], k: int, cl: int, m: int
 ) -> tuple[int, bool]:
     """(candidates sent, row at risk) when each block cuts at its m-th largest maximum."""
     cs = slice_len(keys.numel(), cl)
-    pos = torch.arange(keys.numel(), dtype=torch.int64)
-    comp = keys * (1 << 20) + ((1 << 20) - 1 - pos)  # key descending, then lower position
     sent: list[torch.Tensor] = []
     truncated_mins: list[int] = []
     for r in range(cl):
-        hit = torch.nonzero(suffix_counts(hists[r])[:1024] >= m)
-        lo = bucket_lo(int(hit.max())) if hit.numel() else 0
+        cut = exact_cut([hists[r]], m)  # the bin of this block's m-th largest maximum
+        lo = bucket_lo(cut) if cut >= 0 else 0
         block_keys, block_comp = keys[r * cs : (r + 1) * cs], comp[r * cs : (r + 1) * cs]
         s = block_comp[block_keys >= lo]
         sent.append(s)
@@ -87,9 +91,10 @@ def main() -> None:
             for _ in range(args.rows):
                 keys = float_keys(makers[name](ctx))
                 hists = block_hists(keys, args.blocks)
+                comp = composites(keys)
                 base.append(main_candidates(keys, hists, args.k, args.blocks))
                 for m in ms:
-                    n, risk = one_round(keys, hists, args.k, args.blocks, m)
+                    n, risk = one_round(keys, comp, hists, args.k, args.blocks, m)
                     sent[m].append(n)
                     risky[m] += int(risk)
             row = " | ".join(
