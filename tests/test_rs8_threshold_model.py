@@ -84,3 +84,24 @@ def test_gpu_skewed_rows_include_a_window_that_misses_the_cut() -> None:
                 if model.window_cut(hists, k, 16) < model.exact_cut(hists, k):
                     missed.append((k, n, i))
     assert missed, "no GPU-tested row exercises a window that misses the cut"
+
+
+def test_cut_bound_orders_its_thresholds() -> None:
+    """bench/rs8_cut_bound.py: the kernel's cut keeps at least as many keys as the best
+    maxima-based cut, which keeps at least k (k maxima, so k keys, are at or above it)."""
+    import rs8_cut_bound
+
+    gen = torch.Generator().manual_seed(3)
+    for row in (torch.randn(112_464, generator=gen), *skewed(60_000, gen)):
+        now, best = rs8_cut_bound.candidates(row, 512, 16)
+        assert now >= best >= 512
+
+
+def test_cut_bound_reads_every_one_request_gap() -> None:
+    import rs8_cut_bound
+
+    gap = rs8_cut_bound.gaps(ROOT / "bench/results/rs8-h200-2026-11-30-session12.json")
+    assert sorted(gap) == [
+        (ctx, wide) for ctx in (112464, 131072, 150000, 169449, 191998) for wide in (False, True)
+    ]
+    assert gap[(131072, False)] == pytest.approx(6.91 - 12.51 / 2, abs=0.01)
