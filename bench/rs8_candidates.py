@@ -101,16 +101,20 @@ def slice_len(n: int, cl: int) -> int:
     return (math.ceil(n / cl) + 3) & ~3
 
 
+def block_maxima(keys: torch.Tensor, cl: int) -> list[torch.Tensor]:
+    """Each block's per-thread maxima, laid out as the kernel does."""
+    cs = slice_len(keys.numel(), cl)
+    return [per_thread_max(keys[r * cs : (r + 1) * cs], quads(cl), threads(cl)) for r in range(cl)]
+
+
+def maxima_hist(maxima: torch.Tensor) -> torch.Tensor:
+    """A block's 1,024-bin histogram of its per-thread maxima."""
+    return torch.bincount(bucket(maxima), minlength=1024)
+
+
 def block_hists(keys: torch.Tensor, cl: int) -> list[torch.Tensor]:
     """Each block's 1,024-bin histogram of per-thread maxima, laid out as the kernel does."""
-    cs = slice_len(keys.numel(), cl)
-    nt = threads(cl)
-    return [
-        torch.bincount(
-            bucket(per_thread_max(keys[r * cs : (r + 1) * cs], quads(cl), nt)), minlength=1024
-        )
-        for r in range(cl)
-    ]
+    return [maxima_hist(m) for m in block_maxima(keys, cl)]
 
 
 def exact_cut(hists: list[torch.Tensor], k: int) -> int:
@@ -144,13 +148,19 @@ def window_cut(hists: list[torch.Tensor], k: int, cl: int) -> int:
     return int(hit.max()) if hit.numel() else -1
 
 
+def window_threshold(hists: list[torch.Tensor], k: int, cl: int) -> int:
+    """The kernel's T: the lower edge of the window cut's bin (0, every key, without one)."""
+    cut = window_cut(hists, k, cl)
+    return 0 if cut < 0 else bucket_lo(cut)
+
+
 def simulate(row: torch.Tensor, k: int, cl: int, old: bool = False) -> tuple[int, int, float, int]:
     """(largest block's candidate count, the cap, candidates over k, bins the kernel's cut
     lies below the exact one) for one row."""
     cs = slice_len(row.numel(), cl)
     keys = float_keys(row)
     hists = block_hists(keys, cl)
-    cut = window_cut(hists, k, cl)
+    cut = window_cut(hists, k, cl)  # also reported against the exact cut
     thr = 0 if cut < 0 else bucket_lo(cut)
     per_block = [int((keys[r * cs : (r + 1) * cs] >= thr).sum()) for r in range(cl)]
     cap = list_cap(k, cl, old)

@@ -19,16 +19,7 @@ import json
 from pathlib import Path
 
 import torch
-from rs8_candidates import (
-    block_hists,
-    bucket_lo,
-    float_keys,
-    per_thread_max,
-    quads,
-    slice_len,
-    threads,
-    window_cut,
-)
+from rs8_candidates import block_maxima, float_keys, maxima_hist, window_threshold
 
 CYCLES_PER_CANDIDATE = 550 / 112  # run 66: 692 -> 580 candidates saved ~0.55k cycles
 CLOCK_GHZ = 1.98  # H200 SM clock under load
@@ -38,13 +29,9 @@ WIDE = 262_144  # the padded width the benchmark times beside the tight one
 def candidates(row: torch.Tensor, k: int, cl: int) -> tuple[int, int]:
     """(keys >= the kernel's window cut, keys >= the k-th largest per-thread maximum)."""
     keys = float_keys(row)
-    cut = window_cut(block_hists(keys, cl), k, cl)
-    thr = 0 if cut < 0 else bucket_lo(cut)
-    cs = slice_len(keys.numel(), cl)
-    maxima = torch.cat(
-        [per_thread_max(keys[r * cs : (r + 1) * cs], quads(cl), threads(cl)) for r in range(cl)]
-    )
-    kth = int(torch.topk(maxima, k).values[-1])
+    maxima = block_maxima(keys, cl)
+    thr = window_threshold([maxima_hist(m) for m in maxima], k, cl)
+    kth = int(torch.topk(torch.cat(maxima), k).values[-1])
     return int((keys >= thr).sum()), int((keys >= kth).sum())
 
 

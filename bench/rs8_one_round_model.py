@@ -23,7 +23,7 @@ from rs8_candidates import (
     float_keys,
     shapes,
     slice_len,
-    window_cut,
+    window_threshold,
 )
 
 SHAPES = (
@@ -36,9 +36,7 @@ SHAPES = (
 
 def main_candidates(keys: torch.Tensor, hists: list[torch.Tensor], k: int, cl: int) -> int:
     """Keys at or above `main`'s window cut (the kernel's one-round threshold)."""
-    cut = window_cut(hists, k, cl)
-    thr = 0 if cut < 0 else bucket_lo(cut)
-    return int((keys >= thr).sum())
+    return int((keys >= window_threshold(hists, k, cl)).sum())
 
 
 def composites(keys: torch.Tensor) -> torch.Tensor:
