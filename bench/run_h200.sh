@@ -17,8 +17,16 @@ vb=.rs8_vllm_src/prebuilt/rs8vb.so
 if [[ ! -f "$vb" && -d .rs8_vllm_src/csrc ]]; then
   (time MAX_JOBS=16 python3 bench/build_vllm_topk.py --src .rs8_vllm_src/csrc --out /tmp/rs8vb \
      >"$OUT/vllm_build.log" 2>&1) 2>>"$OUT/vllm_build.log" &
+  vb_pid=$!
   vb=/tmp/rs8vb/rs8vb.so
 fi
+# vLLM's ops for the plugin's GPU test (tests/test_rs8_gpu.py), once built.
+vllm_lib() {
+  [[ -n "${vb_pid:-}" ]] && wait "$vb_pid"
+  vb_pid=""
+  [[ -f "$vb" ]] && export RS8_VLLM_LIB="$(realpath "$vb")"
+  return 0
+}
 # Timing variants: VARIANTS="name:-DFLAG name2:-DFLAG2" builds each for sm_90a.
 variant_args=()
 pids=()
@@ -52,6 +60,7 @@ if [[ " $STEPS " == *" sanitize "* ]]; then  # memcheck, racecheck, synccheck on
       tee -a "$OUT/sanitize.log"
   done
 fi
+if [[ " $STEPS " == *" tests "* || " $STEPS " == *" vtests "* ]]; then vllm_lib; fi
 if [[ " $STEPS " == *" tests "* ]]; then
   timeout 300 python3 -m pytest -q -p no:cacheprovider --noconftest -m gpu -x \
     tests/test_rs8_gpu.py 2>&1 | tee "$OUT/gpu_tests.log"

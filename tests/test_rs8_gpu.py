@@ -282,3 +282,85 @@ def test_deliberately_broken_build_is_caught(tmp_path: Path) -> None:
     bad = mismatched_rows(logits, 1, seq, 512, lib=broken)
     assert bad, "the broken build passed: the check cannot fail"
     assert mismatched_rows(logits, 1, seq, 512) == []
+
+
+@pytest.mark.skipif(
+    not os.environ.get("RS8_VLLM_LIB"),
+    reason="needs $RS8_VLLM_LIB: vLLM's top-k ops built by bench/build_vllm_topk.py",
+)
+def test_plugin_overrides_vllm_cuda_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The vLLM plugin against vLLM 0.33.0's own CUDA kernels, not a stand-in.
+
+    bench/build_vllm_topk.py registers vLLM's three decode top-k ops, compiled from its
+    released source, with the stable-ABI macros vllm._C_stable_libtorch uses, under the
+    namespace ``rs8vb``. Before the override they return vLLM's output (the same sets as
+    the reference, in vLLM's order); after ``rs8_vllm.register`` every call through the
+    dispatcher, also one captured in a CUDA graph, returns rs8's canonical bytes.
+    """
+    import rs8_vllm
+
+    torch.ops.load_library(os.environ["RS8_VLLM_LIB"])
+    ops = torch.ops.rs8vb
+    gen = torch.Generator().manual_seed(23)
+    requests, next_n, width, k = 2, 6, 150_000, 512
+    rows = requests * next_n
+    host = torch.randn(rows, width, generator=gen)
+    logits = host.cuda()
+    lengths = torch.tensor(
+        [[width - 9_000 * r - next_n + 1 + j for j in range(next_n)] for r in range(requests)],
+        dtype=torch.int32,
+    )
+    seq = lengths.cuda()
+    ref = rs8_ref.topk_decode_ref(host, next_n, lengths, k)
+    out = torch.full((rows, k), POISON, dtype=torch.int32, device="cuda")
+    workspace = torch.zeros(2**20, dtype=torch.uint8, device="cuda")
+    max_len = int(lengths.max())
+    calls = {
+        "top_k_per_row_decode": lambda: ops.top_k_per_row_decode(
+            logits, next_n, seq, out, rows, width, 1, k
+        ),
+        "persistent_topk": lambda: ops.persistent_topk(logits, seq, out, workspace, k, max_len),
+        "cooperative_topk": lambda: ops.cooperative_topk(logits, seq, out, workspace, k, max_len),
+    }
+
+    def result(name: str) -> torch.Tensor:
+        out.fill_(POISON)
+        calls[name]()
+        torch.cuda.synchronize()
+        return out.cpu()
+
+    launches: list[str] = []
+    launch = rs8_op.launch
+
+    def counted(*args: object, **kwargs: object) -> None:
+        launches.append("rs8")
+        launch(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(rs8_op, "launch", counted)
+    in_vllm_order = []
+    for name in calls:  # vLLM's kernels: the same sets, in vLLM's order, and no rs8 launch
+        got = result(name)
+        assert torch.equal(got.sort(dim=1).values, ref.sort(dim=1).values), name
+        in_vllm_order.append(not torch.equal(got, ref))
+    assert launches == [] and any(in_vllm_order)
+
+    assert sorted(rs8_vllm.register(namespace="rs8vb")) == sorted(calls)
+    assert sorted(rs8_vllm.register(namespace="rs8vb")) == sorted(calls)  # idempotent
+    for name in calls:  # now every call is rs8's, with rs8's bytes
+        before = len(launches)
+        assert torch.equal(result(name), ref), name
+        assert len(launches) == before + 1, name
+
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        calls["top_k_per_row_decode"]()  # warm-up outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        calls["top_k_per_row_decode"]()
+    host2 = torch.randn(rows, width, generator=gen)
+    logits.copy_(host2)
+    out.fill_(POISON)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out.cpu(), rs8_ref.topk_decode_ref(host2, next_n, lengths, k))
