@@ -20,7 +20,8 @@ if [[ ! -f "$vb" && -d .rs8_vllm_src/csrc ]]; then
   vb_pid=$!
   vb=/tmp/rs8vb/rs8vb.so
 fi
-# vLLM's ops for the plugin's GPU test (tests/test_rs8_gpu.py), once built.
+# vLLM's ops for the plugin's GPU test (tests/test_rs8_gpu.py): the test steps wait
+# for the build above (up to ~90 s) unless a prebuilt library was carried.
 vllm_lib() {
   [[ -n "${vb_pid:-}" ]] && wait "$vb_pid"
   vb_pid=""

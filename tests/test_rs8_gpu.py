@@ -293,9 +293,10 @@ def test_plugin_overrides_vllm_cuda_kernels(monkeypatch: pytest.MonkeyPatch) -> 
 
     bench/build_vllm_topk.py registers vLLM's three decode top-k ops, compiled from its
     released source, with the stable-ABI macros vllm._C_stable_libtorch uses, under the
-    namespace ``rs8vb``. Before the override they return vLLM's output (the same sets as
-    the reference, in vLLM's order); after ``rs8_vllm.register`` every call through the
-    dispatcher, also one captured in a CUDA graph, returns rs8's canonical bytes.
+    namespace ``rs8vb``. Before the override they return vLLM's output (the reference's
+    sets, at least one op in an order of its own) and never call rs8; after
+    ``rs8_vllm.register`` every call through the dispatcher goes to rs8 and returns the
+    reference's bytes, also when replayed from a CUDA graph.
     """
     import rs8_vllm
 
