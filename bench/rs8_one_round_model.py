@@ -25,6 +25,7 @@ from rs8_candidates import (
     slice_len,
     window_threshold,
 )
+from rs8_ref import composite_keys
 
 SHAPES = (
     "normal",
@@ -37,12 +38,6 @@ SHAPES = (
 def main_candidates(keys: torch.Tensor, hists: list[torch.Tensor], k: int, cl: int) -> int:
     """Keys at or above `main`'s window cut (the kernel's one-round threshold)."""
     return int((keys >= window_threshold(hists, k, cl)).sum())
-
-
-def composites(keys: torch.Tensor) -> torch.Tensor:
-    """One int64 per key in the canonical order: key descending, then lower position."""
-    pos = torch.arange(keys.numel(), dtype=torch.int64)
-    return keys * (1 << 20) + ((1 << 20) - 1 - pos)
 
 
 def one_round(
@@ -89,7 +84,7 @@ def main() -> None:
             for _ in range(args.rows):
                 keys = float_keys(makers[name](ctx))
                 hists = block_hists(keys, args.blocks)
-                comp = composites(keys)
+                comp = composite_keys(keys)
                 base.append(main_candidates(keys, hists, args.k, args.blocks))
                 for m in ms:
                     n, risk = one_round(keys, comp, hists, args.k, args.blocks, m)

@@ -45,6 +45,13 @@ def row_lengths(
     return out
 
 
+def composite_keys(keys: torch.Tensor) -> torch.Tensor:
+    """One unique int64 per entry of a row of ``float_keys``, larger for an entry that
+    comes first in the canonical order: key descending, then lower position."""
+    pos = torch.arange(keys.numel(), dtype=torch.int64)
+    return (keys << _POS_BITS) | (_POS_MASK - pos)  # < 2**63
+
+
 def topk_row(values: torch.Tensor, k: int) -> torch.Tensor:
     """Canonical top-k of one row: key descending, then lower position; -1 fill."""
     length = values.numel()
@@ -52,9 +59,7 @@ def topk_row(values: torch.Tensor, k: int) -> torch.Tensor:
     if length <= k:
         out[:length] = torch.arange(length, dtype=torch.int32)
         return out
-    pos = torch.arange(length, dtype=torch.int64)
-    composite = (float_keys(values) << _POS_BITS) | (_POS_MASK - pos)  # unique, < 2**63
-    top = torch.topk(composite, k, largest=True, sorted=True).values
+    top = torch.topk(composite_keys(float_keys(values)), k, largest=True, sorted=True).values
     out[:] = (_POS_MASK - (top & _POS_MASK)).to(torch.int32)
     return out
 
