@@ -148,10 +148,14 @@ def window_cut(hists: list[torch.Tensor], k: int, cl: int) -> int:
     return int(hit.max()) if hit.numel() else -1
 
 
+def cut_threshold(cut: int) -> int:
+    """The threshold a cut gives: its bin's lower edge, or 0 (every key) for no cut (-1)."""
+    return 0 if cut < 0 else bucket_lo(cut)
+
+
 def window_threshold(hists: list[torch.Tensor], k: int, cl: int) -> int:
     """The kernel's T: the lower edge of the window cut's bin (0, every key, without one)."""
-    cut = window_cut(hists, k, cl)
-    return 0 if cut < 0 else bucket_lo(cut)
+    return cut_threshold(window_cut(hists, k, cl))
 
 
 def simulate(row: torch.Tensor, k: int, cl: int, old: bool = False) -> tuple[int, int, float, int]:
@@ -161,7 +165,7 @@ def simulate(row: torch.Tensor, k: int, cl: int, old: bool = False) -> tuple[int
     keys = float_keys(row)
     hists = block_hists(keys, cl)
     cut = window_cut(hists, k, cl)  # also reported against the exact cut
-    thr = 0 if cut < 0 else bucket_lo(cut)
+    thr = cut_threshold(cut)
     per_block = [int((keys[r * cs : (r + 1) * cs] >= thr).sum()) for r in range(cl)]
     cap = list_cap(k, cl, old)
     return max(per_block), cap, sum(per_block) / k, exact_cut(hists, k) - cut

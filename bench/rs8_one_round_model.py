@@ -18,7 +18,7 @@ import argparse
 import torch
 from rs8_candidates import (
     block_hists,
-    bucket_lo,
+    cut_threshold,
     exact_cut,
     float_keys,
     shapes,
@@ -48,8 +48,7 @@ def one_round(
     sent: list[torch.Tensor] = []
     truncated_mins: list[int] = []
     for r in range(cl):
-        cut = exact_cut([hists[r]], m)  # the bin of this block's m-th largest maximum
-        lo = bucket_lo(cut) if cut >= 0 else 0
+        lo = cut_threshold(exact_cut([hists[r]], m))  # this block's m-th largest maximum's bin
         block_keys, block_comp = keys[r * cs : (r + 1) * cs], comp[r * cs : (r + 1) * cs]
         s = block_comp[block_keys >= lo]
         sent.append(s)
