@@ -121,6 +121,32 @@ def test_random_rows_all_lengths(k: int) -> None:
     assert mismatched_rows(many, 1, per_row(lengths * 4), k) == []
 
 
+@pytest.mark.parametrize("k", [512, 2048])
+def test_aligned_rows_at_tight_widths(k: int) -> None:
+    """The host launches a kernel without the strided-row and tail code when every row is
+    contiguous and 16-byte aligned and the width lets no slice outgrow the registers (the
+    test above, at width 300,004, never does). Every boundary length at a tight width, then
+    the widths where that choice flips for 16- and 8-block clusters: 4 columns below, at and
+    4 above cl x the keys one block holds, with rows ending on every column near the width.
+    """
+    gen = torch.Generator().manual_seed(k + 7)
+    lengths = edge_lengths(k, gen)
+    for step in (6, 12):
+        for lo in range(0, len(lengths), step):
+            part = lengths[lo : lo + step]
+            width = (max(part) + 3) & ~3
+            logits = torch.randn(len(part), width, generator=gen)
+            logits[1::3] = torch.relu(logits[1::3])
+            got = mismatched_rows(logits.cuda(), 1, per_row(part), k)
+            assert got == [], (step, lo, width)
+    for cl, rows in ((16, 6), (8, 12)):
+        edge = cl * rs8_op.block_keys(k, cl)
+        for width in (edge - 4, edge, edge + 4):
+            part = [width - j for j in range(rows)]
+            logits = torch.randn(rows, width, generator=gen)
+            assert mismatched_rows(logits.cuda(), 1, per_row(part), k) == [], (cl, width)
+
+
 def adversarial(n: int, gen: torch.Generator) -> torch.Tensor:
     """Rows of length n that stress ties, signed zeros, infinities and NaNs."""
     rows = []

@@ -75,12 +75,24 @@ struct Block {
 #ifndef RS8_STOP
 #define RS8_STOP 0  // timing probe only (NOTES.md run 31): leave early, output invalid
 #endif
+#ifndef RS8_PROBE
+// timing probe only (NOTES.md, nineteenth session): 10 + n leaves where
+// RS8_STOP == n does, by a runtime test that keeps the whole code image;
+// 3 drops the fast path's output writes
+#define RS8_PROBE 0
+#endif
+#define RS8_LEAVE(n) (RS8_STOP == (n) || (RS8_PROBE == 10 + (n) && ncols > 0))
 #ifndef RS8_TAIL0
 #define RS8_TAIL0 4  // tail float4 loads in flight per thread while keys fill registers
 #endif
 constexpr int kRowRegKeys = 196608;  // keys per row held in registers (4 blocks: 131,072)
 // Keys per block held in registers, and float4s of them per thread, for CL blocks per row.
-template <int CL>
+// The kAny = false kernel (below) may hold more: RS8_FAST_ROW_KEYS=262144 gives
+// 262,144-wide calls that kernel too, but cost 0.16 µs at tight widths (NOTES.md run 127).
+#ifndef RS8_FAST_ROW_KEYS
+#define RS8_FAST_ROW_KEYS 196608
+#endif
+template <int CL, bool kAny = true>
 struct Regs {
   // At most 12 float4s (48 keys) per thread in 128 registers with 512 threads,
   // 8 (32 keys) in 64 with 1,024 (12 spilled there, NOTES.md run 77).  Checked on
@@ -89,9 +101,9 @@ struct Regs {
   // rest (the tail).
   static constexpr int kThreads = Block<CL>::kThreads;
   static constexpr int kMaxQuads = kThreads >= 1024 ? 8 : 12;
-  static constexpr int kQuads = kRowRegKeys / CL / (4 * kThreads) < kMaxQuads
-                                    ? kRowRegKeys / CL / (4 * kThreads)
-                                    : kMaxQuads;
+  static constexpr int kRow = kAny ? kRowRegKeys : RS8_FAST_ROW_KEYS;
+  static constexpr int kQuads =
+      kRow / CL / (4 * kThreads) < kMaxQuads ? kRow / CL / (4 * kThreads) : kMaxQuads;
   static constexpr int kKeys = kQuads * 4 * kThreads;
   static_assert(kQuads >= 1, "block shape");
 };
@@ -574,8 +586,22 @@ __device__ __forceinline__ void scan_tail(const float* chunk, long long stride1,
   }
 }
 
+// The row's last 0-3 entries past the register quads (a slice whose length is
+// not a multiple of 4), on a contiguous, aligned row: fn(i, key).
+template <typename F>
+__device__ __forceinline__ void scan_last(const float* chunk, int tail0, int n, int tid, F&& fn) {
+  const int i = tail0 + tid;
+  if (i < n) fn(i, to_key(load_bits(chunk + i)));
+}
+
 // Launched with a cluster dimension of CL (cudaLaunchKernelEx; 16 is non-portable).
-template <int K, int CL>
+// kAny: any row (strided or misaligned rows, slices longer than the registers
+// hold).  The host launches the kAny = false kernel when every row is
+// contiguous and 16-byte aligned and no slice can outgrow the registers (from
+// the strides, the base address and ncols): it holds none of that code, whose
+// presence made such calls 0.14-0.28 µs slower at one request and 0.40-0.60 at
+// two, though it never ran (NOTES.md runs 119-126).
+template <int K, int CL, bool kAny>
 __global__ void __launch_bounds__(Block<CL>::kThreads, 1)
     topk_decode_kernel(const float* __restrict__ logits, long long stride0, int stride1, int ncols,
                        const int* __restrict__ seq_lens, int seq_2d, int next_n,
@@ -591,7 +617,7 @@ __global__ void __launch_bounds__(Block<CL>::kThreads, 1)
   static_assert(kBins % kThreads == 0, "block shape");
   constexpr int kSegCap = P::kSegCap;
   constexpr int kSegStride = P::kSegStride;
-  constexpr int kQuads = Regs<CL>::kQuads;
+  constexpr int kQuads = Regs<CL, kAny>::kQuads;
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned int* hist = reinterpret_cast<unsigned int*>(smem);
   unsigned long long* U = reinterpret_cast<unsigned long long*>(smem + kBins * 4);
@@ -601,7 +627,7 @@ __global__ void __launch_bounds__(Block<CL>::kThreads, 1)
   unsigned int* seg = reinterpret_cast<unsigned int*>(S + kSegCap);
   Misc* misc = reinterpret_cast<Misc*>(smem + P::kAreaBytes);
 
-  if (RS8_STOP == 7) {  // probe: launch only
+  if (RS8_LEAVE(7)) {  // probe: launch only
     if (threadIdx.x == 0) indices[blockIdx.x] = 0;
     return;
   }
@@ -662,13 +688,14 @@ __global__ void __launch_bounds__(Block<CL>::kThreads, 1)
   const float* rowp = logits + static_cast<long long>(row) * stride0;
   const float* chunk = rowp + static_cast<long long>(start) * stride1;
   // Quads (4 keys) held in registers; entries from 4*nq on are the tail.
-  const int nq = (n >> 2) < (Regs<CL>::kKeys / 4) ? (n >> 2) : (Regs<CL>::kKeys / 4);
+  constexpr int kHeldQuads = Regs<CL, kAny>::kKeys / 4;
+  const int nq = (n >> 2) < kHeldQuads ? (n >> 2) : kHeldQuads;
   const int tail0 = 4 * nq;
 
 
   RS8_MARK(0);
   RS8_STAMP(1);
-  if (RS8_STOP == 6) {  // probe: launch + prologue
+  if (RS8_LEAVE(6)) {  // probe: launch + prologue
     if (tid == 0) out[rank] = Li;
     return;
   }
@@ -676,8 +703,8 @@ __global__ void __launch_bounds__(Block<CL>::kThreads, 1)
   // Entries past the slice load as 0xffffffff, key 0 (the smallest): they
   // never raise a maximum, and the collect step skips them by index.
   unsigned int kq[kQuads][4];
-  const bool vec = stride1 == 1 && (reinterpret_cast<uintptr_t>(chunk) & 15) == 0;
-  if (vec) {
+  const bool vec = !kAny || (stride1 == 1 && (reinterpret_cast<uintptr_t>(chunk) & 15) == 0);
+  if (!kAny || vec) {
     const float4* src = reinterpret_cast<const float4*>(chunk);
 #pragma unroll
     for (int u = 0; u < kQuads; ++u) {
@@ -690,7 +717,7 @@ __global__ void __launch_bounds__(Block<CL>::kThreads, 1)
       kq[u][2] = __float_as_uint(f.z);
       kq[u][3] = __float_as_uint(f.w);
     }
-  } else {
+  } else if constexpr (kAny) {
 #pragma unroll
     for (int u = 0; u < kQuads; ++u) {
       const int v = tid + u * kThreads;
@@ -717,13 +744,17 @@ __global__ void __launch_bounds__(Block<CL>::kThreads, 1)
     }
   }
   // Tail (long slices with small clusters): streamed, only its maximum kept.
-  scan_tail<RS8_TAIL0, kThreads>(chunk, stride1, vec, tail0, n, tid, [&](int, unsigned int k) {
+  auto see_max = [&](int, unsigned int k) {
     mx = k > mx ? k : mx;
     has = true;
-  });
+  };
+  if constexpr (kAny)
+    scan_tail<RS8_TAIL0, kThreads>(chunk, stride1, vec, tail0, n, tid, see_max);
+  else
+    scan_last(chunk, tail0, n, tid, see_max);
   if (has) atomicAdd(&hist[bucket(mx)], 1u);
   __syncthreads();
-  if (RS8_STOP == 5) {  // probe: + load, maxima histogram
+  if (RS8_LEAVE(5)) {  // probe: + load, maxima histogram
     if (tid == 0) out[rank] = static_cast<int>(hist[bucket(mx)]);
     return;
   }
@@ -782,7 +813,7 @@ __global__ void __launch_bounds__(Block<CL>::kThreads, 1)
     }
     RS8_MARK(1);
     mbar_wait(mb_win);
-    if (RS8_STOP == 1) {  // probe: load + window round
+    if (RS8_LEAVE(1)) {  // probe: load + window round
       if (lane == 0) out[rank] = static_cast<int>(misc->win_all[0][0]);
     } else {
       RS8_MARK(2);
@@ -818,14 +849,14 @@ __global__ void __launch_bounds__(Block<CL>::kThreads, 1)
       if (lane == 0) misc->thr = thr;
     }
   }
-  if (RS8_STOP == 1) return;
+  if (RS8_LEAVE(1)) return;
   RS8_WSTAMP(0, rs8_gtime());
   __syncthreads();
   const unsigned int thr = misc->thr;
   RS8_WSTAMP(1, rs8_gtime_after(thr));
   RS8_MARK(3);
   RS8_STAMP(3);
-  if (RS8_STOP == 2) {  // probe: + threshold
+  if (RS8_LEAVE(2)) {  // probe: + threshold
     if (tid == 0) out[rank] = static_cast<int>(thr);
     return;
   }
@@ -850,9 +881,13 @@ __global__ void __launch_bounds__(Block<CL>::kThreads, 1)
         if (held && kq[u][c] >= thr) push(4 * (tid + u * kThreads) + c, kq[u][c]);
     }
   }
-  scan_tail<8, kThreads>(chunk, stride1, vec, tail0, n, tid, [&](int i, unsigned int k) {
+  auto see_key = [&](int i, unsigned int k) {
     if (k >= thr) push(i, k);
-  });
+  };
+  if constexpr (kAny)
+    scan_tail<8, kThreads>(chunk, stride1, vec, tail0, n, tid, see_key);
+  else
+    scan_last(chunk, tail0, n, tid, see_key);
 #ifdef RS8_TSTAMP
   __syncwarp();  // the warp's last atomic and stores issued
   RS8_WSTAMP(2, rs8_gtime_after(*reinterpret_cast<volatile unsigned int*>(&misc->nloc)));
@@ -862,7 +897,7 @@ __global__ void __launch_bounds__(Block<CL>::kThreads, 1)
   RS8_WSTAMP(3, rs8_gtime_after(nloc));
   RS8_MARK(4);
   RS8_STAMP(4);
-  if (RS8_STOP == 3) {  // probe: + collect
+  if (RS8_LEAVE(3)) {  // probe: + collect
     if (tid == 0) out[rank] = static_cast<int>(nloc);
     return;
   }
@@ -946,7 +981,7 @@ __global__ void __launch_bounds__(Block<CL>::kThreads, 1)
 #ifdef RS8_TIMING
   if (row == 0 && rank == 0 && tid == 0) g_rs8_clock[0][14] = total;  // row 0's candidates
 #endif
-  if (RS8_STOP == 4) {  // probe: + sort, list exchange
+  if (RS8_LEAVE(4)) {  // probe: + sort, list exchange
     if (tid == 0) out[rank] = static_cast<int>(total);
     return;
   }
@@ -983,7 +1018,9 @@ __global__ void __launch_bounds__(Block<CL>::kThreads, 1)
       }
 #pragma unroll
       for (int off = 1; off < kTpe; off <<= 1) gt += __shfl_xor_sync(0xffffffffu, gt, off);
-      if (sub == 0 && e < nloc && gt < static_cast<unsigned int>(K)) out[gt] = position_of(me);
+      if (sub == 0 && e < nloc && gt < static_cast<unsigned int>(K) &&
+          (RS8_PROBE != 3 || gt == static_cast<unsigned int>(ncols)))
+        out[gt] = position_of(me);
     }
     RS8_MARK(9);
 #ifdef RS8_TSTAMP
@@ -1029,11 +1066,12 @@ cudaLaunchConfig_t config(unsigned int blocks, cudaStream_t stream, cudaLaunchAt
 }
 
 // Clusters of CL blocks that fit on the device at once (0 if none, or on error).
-template <int K, int CL>
+template <int K, int CL, bool kAny>
 int resident_clusters() {
-  if (cudaFuncSetAttribute(topk_decode_kernel<K, CL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  if (cudaFuncSetAttribute(topk_decode_kernel<K, CL, kAny>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize,
                            Plan<K, CL>::kSmemBytes) != cudaSuccess ||
-      (CL > 8 && cudaFuncSetAttribute(topk_decode_kernel<K, CL>,
+      (CL > 8 && cudaFuncSetAttribute(topk_decode_kernel<K, CL, kAny>,
                                       cudaFuncAttributeNonPortableClusterSizeAllowed,
                                       1) != cudaSuccess)) {
     cudaGetLastError();
@@ -1042,11 +1080,32 @@ int resident_clusters() {
   cudaLaunchAttribute attr;
   cudaLaunchConfig_t cfg = config<K, CL>(CL * 64, nullptr, &attr);
   int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, topk_decode_kernel<K, CL>, &cfg) != cudaSuccess) {
+  if (cudaOccupancyMaxActiveClusters(&n, topk_decode_kernel<K, CL, kAny>, &cfg) != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }
   return n;
+}
+// Both kernels of a cluster size (attributes set on each): the fewer that fit.
+template <int K, int CL>
+int resident_clusters_both() {
+  const int any = resident_clusters<K, CL, true>();
+  const int fast = resident_clusters<K, CL, false>();
+  return any < fast ? any : fast;
+}
+
+#ifndef RS8_ALWAYS_ANY
+#define RS8_ALWAYS_ANY 0  // A/B builds only: every call takes the kAny kernel
+#endif
+// Whether every row of the call suits the kAny = false kernel on CL blocks:
+// contiguous rows whose every slice starts on 16 bytes (slices start at
+// multiples of 4 columns), and slices (rounded up to 4 columns, as the kernel
+// cuts them, for the longest row ncols allows) that the registers hold whole.
+template <int CL>
+bool fast_rows(const float* logits, long long stride0, int stride1, int ncols) {
+  const long long cs = ((static_cast<long long>(ncols) + CL - 1) / CL + 3) & ~3LL;
+  return !RS8_ALWAYS_ANY && stride1 == 1 && stride0 % 4 == 0 &&
+         (reinterpret_cast<uintptr_t>(logits) & 15) == 0 && cs <= Regs<CL, false>::kKeys;
 }
 
 template <int K, int CL>
@@ -1056,7 +1115,10 @@ cudaError_t launch_cl(const float* logits, long long stride0, int stride1, int n
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t cfg =
       config<K, CL>(static_cast<unsigned int>(num_rows) * CL, stream, &attr);
-  return cudaLaunchKernelEx(&cfg, topk_decode_kernel<K, CL>, logits, stride0, stride1, ncols,
+  if (fast_rows<CL>(logits, stride0, stride1, ncols))
+    return cudaLaunchKernelEx(&cfg, topk_decode_kernel<K, CL, false>, logits, stride0, stride1,
+                              ncols, seq_lens, seq_2d, next_n, indices);
+  return cudaLaunchKernelEx(&cfg, topk_decode_kernel<K, CL, true>, logits, stride0, stride1, ncols,
                             seq_lens, seq_2d, next_n, indices);
 }
 
@@ -1078,9 +1140,9 @@ cudaError_t launch(const float* logits, long long stride0, int stride1, int ncol
   if (e != cudaSuccess) return e;
   if (dev < 0 || dev >= 64) return cudaErrorInvalidDevice;
   if (!ready[dev]) {
-    if (resident_clusters<K, 4>() == 0) return cudaErrorInvalidConfiguration;
-    fit16[dev] = resident_clusters<K, 16>();
-    fit8[dev] = resident_clusters<K, 8>();
+    if (resident_clusters_both<K, 4>() == 0) return cudaErrorInvalidConfiguration;
+    fit16[dev] = resident_clusters_both<K, 16>();
+    fit8[dev] = resident_clusters_both<K, 8>();
     ready[dev] = true;
   }
 #ifdef RS8_FORCE_CLUSTER

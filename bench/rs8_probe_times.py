@@ -1,0 +1,83 @@
+"""Per-call time of rs8 probe builds (early exits, output writes dropped) side by side.
+
+Why: a call of rs8 holds ~1.4 µs outside its blocks' stamps, twice an empty cluster
+kernel's graph node; these probes split that fixed cost between the launch, the code
+image, the prologue and the output writes.  Rounds are interleaved over the builds
+and the median of the rounds' medians is printed (µs per call, graph replay).
+
+    python3 bench/rs8_probe_times.py name=lib.so name2=lib2.so [--ctx 112464] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels" / "rs8" / "python"))
+
+import rs8_bench
+import rs8_op
+
+K = 512
+
+
+def time_ctx(
+    ctx: int, width: int, rows: int, libs: dict[str, ctypes.CDLL], rounds: int, replays: int
+) -> dict[str, list[float]]:
+    """µs per call of every build (and a 1-element fill_) at one length, per round."""
+    next_n = rs8_bench.NEXT_N
+    lengths = [ctx - next_n + 1 + j % next_n for j in range(rows)]
+    seq = torch.tensor(lengths, dtype=torch.int32, device="cuda").reshape(-1, next_n)
+    seq1 = torch.ones_like(seq)
+    nbuf = rs8_bench.buffers_past_l2(rows * width * 4)
+    bufs = [torch.randn(rows, width, device="cuda") for _ in range(nbuf)]
+    out = torch.full((rows, K), -1, dtype=torch.int32, device="cuda")
+    tiny = torch.zeros(1, device="cuda")
+
+    def rs8(lib: ctypes.CDLL, lens: torch.Tensor) -> rs8_bench.Launch:
+        return lambda i: rs8_op.launch(bufs[i], 1, lens, out, rows, width, 1, K, True, lib=lib)
+
+    fns: dict[str, rs8_bench.Launch] = {"fill_ (1 element)": lambda i: tiny.fill_(1.0)}
+    for j, (name, lib) in enumerate(libs.items()):
+        fns[name] = rs8(lib, seq)
+        if j == 0:  # the first build on rows of length 1 (its short path)
+            fns[name + " (rows of length 1)"] = rs8(lib, seq1)
+    per: dict[str, list[float]] = {n: [] for n in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            per[name].append(rs8_bench.graph_time_us(fn, nbuf, replays))
+    return per
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("libs", nargs="+", help="name=path/to/librs8.so")
+    parser.add_argument("--ctx", default="112464")
+    parser.add_argument("--rows", type=int, default=6)
+    parser.add_argument(
+        "--width", type=int, default=0, help="logits width (0: ctx rounded up to 4)"
+    )
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--replays", type=int, default=15)
+    args = parser.parse_args()
+    libs = {s.split("=", 1)[0]: rs8_op.open_library(s.split("=", 1)[1]) for s in args.libs}
+    for ctx in (int(c) for c in args.ctx.split(",")):
+        width = args.width or (ctx + 3) & ~3
+        per = time_ctx(ctx, width, args.rows, libs, args.rounds, args.replays)
+        print(
+            f"== ctx {ctx}, width {width}, {args.rows} rows: "
+            f"µs per call (median of {args.rounds} rounds)"
+        )
+        for name, ts in per.items():
+            med = statistics.median(ts)
+            print(f"{name:44s} {med:7.3f}  (min {min(ts):.3f} max {max(ts):.3f})")
+
+
+if __name__ == "__main__":
+    main()
