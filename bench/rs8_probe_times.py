@@ -1,11 +1,15 @@
-"""Per-call time of rs8 probe builds (early exits, output writes dropped) side by side.
+"""Same-call A/B timing of rs8 builds: µs per call of each, side by side in one process.
 
-Why: a call of rs8 holds ~1.4 µs outside its blocks' stamps, twice an empty cluster
-kernel's graph node; these probes split that fixed cost between the launch, the code
-image, the prologue and the output writes.  Rounds are interleaved over the builds
-and the median of the rounds' medians is printed (µs per call, graph replay).
+Why: builds timed in separate calls differ by ~2% from day to day and call to call, more
+than most changes worth measuring; here every build runs in the same process, rounds are
+interleaved over the builds, and the median of the rounds' medians is printed (graph
+replay over inputs past the L2, as bench/rs8_bench.py times). A 1-element fill_ and the
+first build on rows of length 1 give the launch floor beside them. The nineteenth
+session's probes (runtime exits -DRS8_PROBE=1n, the kernel without the strided-row and
+tail code against -DRS8_ALWAYS_ANY=1) were timed with it.
 
-    python3 bench/rs8_probe_times.py name=lib.so name2=lib2.so [--ctx 112464] [--rounds 5]
+    python3 bench/rs8_probe_times.py main=lib.so any=lib2.so [--ctx 112464,191998]
+        [--width 262144] [--rows 6] [--rounds 5]
 """
 
 from __future__ import annotations
