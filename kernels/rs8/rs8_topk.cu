@@ -7,7 +7,10 @@
 //
 // Design (README.md has the long form): one thread-block cluster of CL blocks
 // per row (16 where the device allows it and every row fits at once, else 8,
-// else 4 in waves); each block owns a contiguous slice of the row.
+// else 4 in waves); each block owns a contiguous slice of the row.  Each
+// shape has two kernels: kAny handles any row; the other, launched when the
+// host sees contiguous 16-byte-aligned rows whose slices the registers hold,
+// leaves out the strided-row and tail code (which cost time even unexecuted).
 //
 //   1. Every thread loads its keys into registers (the rest of a longer slice,
 //      the "tail", is re-read from L2) and adds the coarse bucket of its own
