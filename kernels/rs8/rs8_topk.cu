@@ -589,6 +589,14 @@ __device__ __forceinline__ void scan_tail(const float* chunk, long long stride1,
   }
 }
 
+// Columns of a row of len entries that each of its CL blocks owns: len / CL
+// rounded up to a multiple of 4 (so every slice starts on 16 bytes).  The
+// kernel cuts rows with it, and the host uses it to pick the kernel.
+template <int CL, typename T>
+__host__ __device__ constexpr T slice_cols(T len) {
+  return ((len + CL - 1) / CL + 3) & ~T(3);
+}
+
 // The row's last 0-3 entries past the register quads (a slice whose length is
 // not a multiple of 4), on a contiguous, aligned row: fn(i, key).
 template <typename F>
@@ -684,7 +692,7 @@ __global__ void __launch_bounds__(Block<CL>::kThreads, 1)
   }
 
   const int Li = static_cast<int>(L);
-  const int cs = (((Li + CL - 1) / CL) + 3) & ~3;  // slice, multiple of 4
+  const int cs = slice_cols<CL>(Li);
   const int start = rank * cs;
   int n = Li - start;
   n = n < 0 ? 0 : (n > cs ? cs : n);
@@ -707,7 +715,7 @@ __global__ void __launch_bounds__(Block<CL>::kThreads, 1)
   // never raise a maximum, and the collect step skips them by index.
   unsigned int kq[kQuads][4];
   const bool vec = !kAny || (stride1 == 1 && (reinterpret_cast<uintptr_t>(chunk) & 15) == 0);
-  if (!kAny || vec) {
+  if (vec) {
     const float4* src = reinterpret_cast<const float4*>(chunk);
 #pragma unroll
     for (int u = 0; u < kQuads; ++u) {
@@ -1106,7 +1114,7 @@ int resident_clusters_both() {
 // cuts them, for the longest row ncols allows) that the registers hold whole.
 template <int CL>
 bool fast_rows(const float* logits, long long stride0, int stride1, int ncols) {
-  const long long cs = ((static_cast<long long>(ncols) + CL - 1) / CL + 3) & ~3LL;
+  const long long cs = slice_cols<CL>(static_cast<long long>(ncols));
   return !RS8_ALWAYS_ANY && stride1 == 1 && stride0 % 4 == 0 &&
          (reinterpret_cast<uintptr_t>(logits) & 15) == 0 && cs <= Regs<CL, false>::kKeys;
 }
