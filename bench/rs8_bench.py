@@ -99,6 +99,11 @@ def no_tie_at_cutoff(row: torch.Tensor, k: int) -> bool:
     return bool(top[k - 1] != top[k])
 
 
+def request_lengths(ctx: int, requests: int) -> list[int]:
+    """Row lengths of `requests` decode steps at context ctx: next_n rows each, ctx-5 .. ctx."""
+    return [ctx - NEXT_N + 1 + j for _ in range(requests) for j in range(NEXT_N)]
+
+
 def run_config(
     requests: int,
     ctx: int,
@@ -110,7 +115,7 @@ def run_config(
     l2_resident: bool = False,
 ) -> dict[str, object]:
     rows = NEXT_N * requests
-    lengths = [ctx - NEXT_N + 1 + j for _ in range(requests) for j in range(NEXT_N)]
+    lengths = request_lengths(ctx, requests)
     seq2d = torch.tensor(lengths, dtype=torch.int32, device="cuda").reshape(requests, NEXT_N)
     nbuf = 1 if l2_resident else buffers_past_l2(rows * width * 4)
     bufs = [torch.randn(rows, width, device="cuda") for _ in range(nbuf)]

@@ -35,9 +35,8 @@ def time_ctx(
     ctx: int, width: int, rows: int, libs: dict[str, ctypes.CDLL], rounds: int, replays: int
 ) -> dict[str, list[float]]:
     """µs per call of every build (and a 1-element fill_) at one length, per round."""
-    next_n = rs8_bench.NEXT_N
-    lengths = [ctx - next_n + 1 + j % next_n for j in range(rows)]
-    seq = torch.tensor(lengths, dtype=torch.int32, device="cuda").reshape(-1, next_n)
+    lengths = rs8_bench.request_lengths(ctx, rows // rs8_bench.NEXT_N)
+    seq = torch.tensor(lengths, dtype=torch.int32, device="cuda").reshape(-1, rs8_bench.NEXT_N)
     seq1 = torch.ones_like(seq)
     nbuf = rs8_bench.buffers_past_l2(rows * width * 4)
     bufs = [torch.randn(rows, width, device="cuda") for _ in range(nbuf)]
@@ -70,6 +69,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--replays", type=int, default=15)
     args = parser.parse_args()
+    if args.rows % rs8_bench.NEXT_N:
+        parser.error(f"--rows must be a multiple of next_n = {rs8_bench.NEXT_N}")
     libs = {s.split("=", 1)[0]: rs8_op.open_library(s.split("=", 1)[1]) for s in args.libs}
     for ctx in (int(c) for c in args.ctx.split(",")):
         width = args.width or (ctx + 3) & ~3
