@@ -17,6 +17,7 @@ has no exact tie.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import datetime
 import json
 import math
@@ -104,6 +105,16 @@ def request_lengths(ctx: int, requests: int) -> list[int]:
     return [ctx - NEXT_N + 1 + j for _ in range(requests) for j in range(NEXT_N)]
 
 
+def tight_width(ctx: int) -> int:
+    """The tight logits width for context ctx: ctx rounded up to 4 columns."""
+    return 4 * math.ceil(ctx / 4)
+
+
+def open_builds(specs: list[str]) -> dict[str, ctypes.CDLL]:
+    """librs8 builds named on the command line as NAME=PATH, opened, by name."""
+    return {name: rs8_op.open_library(path) for name, path in (s.split("=", 1) for s in specs)}
+
+
 def run_config(
     requests: int,
     ctx: int,
@@ -111,7 +122,7 @@ def run_config(
     k: int,
     vllm: bool,
     replays: int,
-    variants: dict[str, object] | None = None,
+    variants: dict[str, ctypes.CDLL] | None = None,
     l2_resident: bool = False,
 ) -> dict[str, object]:
     rows = NEXT_N * requests
@@ -221,7 +232,7 @@ def main() -> None:
         help="every call on one input buffer (warm L2), not cycled past the L2",
     )
     args = parser.parse_args()
-    variants = {v.split("=", 1)[0]: rs8_op.open_library(v.split("=", 1)[1]) for v in args.variant}
+    variants = open_builds(args.variant)
 
     vllm = False
     if args.vllm_lib and args.vllm_lib.is_file():
@@ -233,7 +244,7 @@ def main() -> None:
     results = []
     for req in (int(x) for x in args.requests.split(",")):
         for ctx in (int(x) for x in args.lengths.split(",")):
-            for width in (4 * math.ceil(ctx / 4), args.wide):
+            for width in (tight_width(ctx), args.wide):
                 res = run_config(
                     req, ctx, width, args.k, vllm, args.replays, variants, args.l2_resident
                 )

@@ -71,9 +71,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.rows % rs8_bench.NEXT_N:
         parser.error(f"--rows must be a multiple of next_n = {rs8_bench.NEXT_N}")
-    libs = {s.split("=", 1)[0]: rs8_op.open_library(s.split("=", 1)[1]) for s in args.libs}
+    libs = rs8_bench.open_builds(args.libs)
     for ctx in (int(c) for c in args.ctx.split(",")):
-        width = args.width or (ctx + 3) & ~3
+        width = args.width or rs8_bench.tight_width(ctx)
         per = time_ctx(ctx, width, args.rows, libs, args.rounds, args.replays)
         print(
             f"== ctx {ctx}, width {width}, {args.rows} rows: "
