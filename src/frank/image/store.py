@@ -237,10 +237,11 @@ class BlobStore:
         return w.digest
 
     @contextlib.contextmanager
-    def writer(self) -> Iterator[BlobWriter]:
+    def writer(self, expected: str | None = None) -> Iterator[BlobWriter]:
         """Stream a new blob: write to the yielded object; on exit it is hashed and renamed in.
 
-        If the body raises, the temp file is removed and nothing enters the store.
+        If the body raises, or the content is not ``expected`` (a pinned digest), the temp
+        file is removed and nothing enters the store.
         """
         fd, tmp = tempfile.mkstemp(dir=self.tmp_dir, prefix=".blob-")
         f = os.fdopen(fd, "wb")
@@ -249,6 +250,8 @@ class BlobStore:
             yield w
             f.close()
             w.digest = "sha256:" + w.hash.hexdigest()
+            if expected is not None and w.digest != expected:
+                raise FrankError(f"content has {w.digest}, the pin says {expected}")
             dest = self.path(w.digest)
             if dest.is_file() and self._read_stamp(w.digest) == self._stat_key(dest):
                 os.unlink(tmp)
