@@ -152,8 +152,10 @@ class Fetcher:
                 raise not_available(item, f"{path} does not exist", self.mirrors)
             self._put(_reader(path), item, str(path))
             return
-        if parsed.scheme != "https":
-            raise not_available(item, "only https:// and file:// URLs are fetched", self.mirrors)
+        if parsed.scheme not in ("https", "http"):
+            # plain http is fine for a pinned file (Debian's archive): the sha256 is the check
+            raise not_available(item, "only https://, http:// and file:// URLs are fetched",
+                                self.mirrors)
         request = urllib.request.Request(item.url, headers={"User-Agent": "frank"})
         context = _ssl_context()
         try:
