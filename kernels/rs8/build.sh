@@ -37,10 +37,14 @@ for a in $archs; do
   gencode+=("-gencode=arch=compute_${a},code=sm_${a}")
 done
 
+# Compile, then link: -objtemp names nvcc's intermediate files after the object (in
+# $out) instead of /tmp/tmpxft_<pid>_..., a name that ends up in the library. With a
+# build path and toolchain path that do not vary (frank.kernelbuild builds under a
+# fixed path), two builds then give byte-identical libraries.
 # shellcheck disable=SC2086
-"$nvcc" -O3 -std=c++17 -shared -Xcompiler -fPIC -cudart static \
-  "${gencode[@]}" ${RS8_EXTRA_FLAGS:-} \
-  -o "$out/librs8.so" "${RS8_SRC:-$here/rs8_topk.cu}"
+"$nvcc" -O3 -std=c++17 -Xcompiler -fPIC "${gencode[@]}" ${RS8_EXTRA_FLAGS:-} \
+  -c -objtemp -o "$out/rs8_topk.o" "${RS8_SRC:-$here/rs8_topk.cu}"
+"$nvcc" -shared -cudart static "${gencode[@]}" -o "$out/librs8.so" "$out/rs8_topk.o"
 
 # The check: every requested arch must appear as an ELF (SASS) image.
 elfs="$("$cuobjdump" --list-elf "$out/librs8.so")"

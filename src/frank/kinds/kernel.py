@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import AfterValidator
+from pydantic import AfterValidator, Field
 
 from frank.kinds.base import FileCopy, LayerContribution, PartBase, PartContext
+from frank.kinds.engine import PinnedWheel
 from frank.kinds.plugin import EntryPoint, package_dest
 from frank.pins import matching
 
@@ -25,7 +26,7 @@ class Kernel(PartBase):
     """A CUDA kernel that replaces one engine op, swapped in by its plugin."""
 
     layer_rank: ClassVar[int] = 60
-    artifact_fields: ClassVar[tuple[str, ...]] = ("source",)
+    artifact_fields: ClassVar[tuple[str, ...]] = ("source", "toolchain")
 
     kind: Literal["kernel"]
     source: str | None = None
@@ -33,10 +34,17 @@ class Kernel(PartBase):
     replaces_op: str
     build: str  # run from the source folder; $CUDA_ARCHS holds the archs as nvcc numbers
     plugin: EntryPoint | None = None
+    # The compiler, as wheels unpacked on the host (nvcc, its headers and static libs):
+    # pinned like any other input, so the lock covers the toolchain. The host C++
+    # compiler nvcc calls cannot be pinned this way; frank.kernelbuild keys its cache on
+    # its version line instead.
+    toolchain: Annotated[list[PinnedWheel], Field(min_length=1)] | None = None
 
     def inputs(self, ctx: PartContext) -> dict[str, str]:
         assert self.source is not None
         out = {self.source: ctx.tree_hash(self.source, "source")}
+        for wheel in self.toolchain or ():
+            out[str(wheel.url)] = wheel.sha256
         if self.plugin is not None and not self.plugin.package.startswith(self.source + "/"):
             out[self.plugin.package] = ctx.tree_hash(self.plugin.package, "plugin.package")
         return out
