@@ -8,22 +8,23 @@ building the Dockerfile context compose wrote. Either way the result is an OCI l
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from frank.context import stage_layer
 from frank.errors import FrankError
 from frank.hashing import sha256_json
 from frank.plan import BuildPlan, PlanLayer
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from frank.fetch import Fetcher
+
 Builder = Literal["auto", "oci", "buildah", "podman", "docker"]
-# Debian's python3 (any 3.x) has this on sys.path; pure-Python plugins land here.
-SITE_PACKAGES = "/usr/lib/python3/dist-packages"
-OCI_BUILDER_VERSION = 1
+OCI_BUILDER_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -65,73 +66,198 @@ def choose_builder(plan: BuildPlan, requested: Builder) -> tuple[str, str]:
                             f"{engines[0].name} is the first engine found"
 
 
-def _install_packages(layer: PlanLayer, rootfs: Path) -> None:
-    """pip-install the layer's pure-Python packages into the image's site-packages."""
-    target = rootfs / SITE_PACKAGES.lstrip("/")
-    for dest in layer.pip_install:
-        source = rootfs / dest.lstrip("/")
-        proc = subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile",
-             "--no-build-isolation", "--no-cache-dir", "--disable-pip-version-check",
-             "--target", str(target), str(source)],
-            capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            lines = (proc.stderr or proc.stdout).strip().splitlines()
-            raise FrankError(f"installing {dest} failed: {lines[-1] if lines else 'pip failed'}",
-                             field=layer.name)
-        shutil.rmtree(source)  # the source was staged only to be installed
-    # pip records where it installed from: a temp path that would make the layer
-    # differ between two builds. Drop it and its RECORD line.
-    for direct in target.glob("*.dist-info/direct_url.json"):
-        record = direct.with_name("RECORD")
-        direct.unlink()
-        if record.is_file():
-            lines = [x for x in record.read_text().splitlines(keepends=True)
-                     if "direct_url.json" not in x]
-            record.write_text("".join(lines))
+def build_oci(plan: BuildPlan, root: Path, out: Path, *, log: Path,
+              mirrors: tuple[Path, ...] = (), quiet: bool = False) -> BuildResult:
+    """Build with the embedded writer: each missing layer assembled on the host, then tarred.
 
+    Nothing runs inside the image. Every input was fetched into the store and verified
+    first; a layer whose key the index knows is reused without staging anything.
+    """
+    from rich.console import Console
 
-def build_oci(plan: BuildPlan, root: Path, out: Path) -> BuildResult:
-    """Build with the embedded writer: one layer per plan layer, reused by key."""
+    from frank.fetch import Fetcher
     from frank.image.base import resolve_base
-    from frank.image.layer import index_key
+    from frank.image.layer import build_layer, index_key
     from frank.image.oci import build_image
     from frank.image.spec import ImageSpec, LayerInput
     from frank.image.store import BlobStore
 
+    console = Console(stderr=True, quiet=quiet)
     store = BlobStore()
+    fetcher = Fetcher(store, mirrors)
     base = resolve_base(root / "images" / f"{plan.base_image['name']}.toml", store)
     built = reused = 0
-    with tempfile.TemporaryDirectory(prefix="frank-stage-") as tmp:
-        layers = []
-        for layer in plan.layers:
-            staging = Path(tmp) / f"{layer.index:02d}"
-            staging.mkdir()
-            key = sha256_json({"plan_layer": layer.key, "site": SITE_PACKAGES,
-                               "builder": OCI_BUILDER_VERSION})
-            spec_layer = LayerInput(name=layer.name, key=key, entries=((staging, "/"),))
-            if store.get_layer(index_key(spec_layer, plan.source_date_epoch)) is None:
-                stage_layer(layer, root, staging)
-                _install_packages(layer, staging)
-                built += 1
-            else:
-                reused += 1
-            layers.append(spec_layer)
-        spec = ImageSpec(
-            base_layout=base.layout, base_digest=base.digest, layers=tuple(layers),
-            env=plan.config.env, entrypoint=plan.config.entrypoint, cmd=plan.config.cmd,
-            labels=plan.config.labels,
-            annotations={"dev.frank.lock.digest": plan.lock_digest,
-                         "dev.frank.stack": plan.stack},
-            source_date_epoch=plan.source_date_epoch,
-        )
-        digest = build_image(spec, store, out, ref_name=plan.stack)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(f"frank embedded build of {plan.stack} ({plan.lock_digest})\n")
+    layers: list[LayerInput] = []
+    missing: list[tuple[PlanLayer, LayerInput]] = []
+    for layer in plan.layers:
+        key = sha256_json({"plan_layer": layer.key, "builder": OCI_BUILDER_VERSION})
+        spec_layer = LayerInput(name=layer.name, key=key, entries=((store.tmp_dir, "/"),))
+        if store.get_layer(index_key(spec_layer, plan.source_date_epoch)) is None:
+            missing.append((layer, spec_layer))
+        else:
+            reused += 1
+        layers.append(spec_layer)
+    _fetch_inputs([layer for layer, _ in missing], fetcher, console, log)
+    for layer, spec_layer in missing:
+        with tempfile.TemporaryDirectory(dir=store.tmp_dir, prefix="stage-") as tmp:
+            staging = Path(tmp)
+            with console.status(f"layer {layer.index}: {layer.name}: assembling"):
+                assemble_layer(layer, plan, root, staging, fetcher, log)
+            with console.status(f"layer {layer.index}: {layer.name}: writing the tar"):
+                build_layer(store, LayerInput(name=layer.name, key=spec_layer.key,
+                                              entries=((staging, "/"),)),
+                            plan.source_date_epoch)
+        _log(log, f"layer {layer.index} {layer.name}: built")
+        built += 1
+    spec = ImageSpec(
+        base_layout=base.layout, base_digest=base.digest, layers=tuple(layers),
+        env=plan.config.env, entrypoint=plan.config.entrypoint, cmd=plan.config.cmd,
+        labels=plan.config.labels,
+        annotations={"dev.frank.lock.digest": plan.lock_digest, "dev.frank.stack": plan.stack},
+        source_date_epoch=plan.source_date_epoch,
+    )
+    digest = build_image(spec, store, out, ref_name=plan.stack, quiet=quiet)
+    _log(log, f"image {digest}: {built} layers built, {reused} reused")
     return BuildResult(digest=digest, layout=out, builder="oci", why="", layers_built=built,
                        layers_reused=reused)
 
 
+def _log(log: Path, line: str) -> None:
+    with log.open("a", encoding="utf-8") as f:
+        f.write(line.rstrip("\n") + "\n")
+
+
+def _fetch_inputs(layers: list[PlanLayer], fetcher: Fetcher, console: Console,
+                  log: Path) -> None:
+    """Download every wheel and patch the missing layers need, in parallel, verified."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+
+    from frank.fetch import Pinned
+
+    items = [Pinned(w.url, w.sha256, w.size) for layer in layers for w in layer.wheels]
+    items += [Pinned(layer.patch.engine_wheel.url, layer.patch.engine_wheel.sha256,
+                     layer.patch.engine_wheel.size) for layer in layers if layer.patch]
+    items += [Pinned(layer.patch.source, layer.patch.sha256) for layer in layers
+              if layer.patch and "://" in layer.patch.source]
+    todo = [i for i in items if not fetcher.store.has(i.digest)]
+    if todo:
+        total = sum(i.size or 0 for i in todo)
+        with Progress(TextColumn("fetching {task.fields[n]} files"), BarColumn(),
+                      DownloadColumn(), console=console, transient=True) as bar:
+            task = bar.add_task("fetch", total=total or None, n=len(todo))
+            fetcher.fetch_all(todo, progress=lambda i: bar.advance(task, i.size or 0))
+    _log(log, f"inputs: {len(items)} needed, {fetcher.downloaded} downloaded, "
+              f"{fetcher.from_mirror} from a mirror, {fetcher.cached + len(items) - len(todo)} "
+              "already in the store")
+
+
+def assemble_layer(layer: PlanLayer, plan: BuildPlan, root: Path, staging: Path,
+                   fetcher: Fetcher, log: Path) -> None:
+    """Fill ``staging`` with the layer's files: copies, wheels, patched files, kernels."""
+    from frank.fetch import Pinned
+    from frank.image.install import install_wheels
+
+    site = plan.site_packages
+    stage_layer(layer, root, staging)
+    if layer.wheels:
+        paths = [(w.filename, fetcher.fetch(Pinned(w.url, w.sha256, w.size)))
+                 for w in layer.wheels]
+        install_wheels(paths, staging, site)
+    if layer.patch is not None:
+        _apply_patch(layer, root, staging, fetcher, site, log)
+    sources = [root / folder for folder in layer.build_wheels]
+    if layer.kernel is not None:
+        tree, source = _compile_kernel(layer, root, staging, fetcher)
+        # the plugin package is built from the compiled tree, which holds the libraries
+        sources = [tree / Path(folder).relative_to(source) for folder in layer.build_wheels]
+    if sources:
+        from frank.wheelbuild import build_wheel
+
+        with tempfile.TemporaryDirectory(dir=fetcher.store.tmp_dir, prefix="wheel-") as tmp:
+            wheels = []
+            for folder in sources:
+                wheel = build_wheel(folder, Path(tmp))
+                _log(log, f"layer {layer.index}: built {wheel.name} from {folder}")
+                wheels.append((wheel.name, wheel))
+            install_wheels(wheels, staging, site)
+
+
+def _apply_patch(layer: PlanLayer, root: Path, staging: Path, fetcher: Fetcher, site: str,
+                 log: Path) -> None:
+    from frank.fetch import Pinned
+    from frank.kinds.patch import touches_compiled
+    from frank.patching import apply_to_wheel
+
+    step = layer.patch
+    assert step is not None
+    if "://" in step.source:
+        text = fetcher.fetch(Pinned(step.source, step.sha256)).read_text(encoding="utf-8")
+    else:
+        text = (root / step.source).read_text(encoding="utf-8")
+    if touches_compiled(text) != step.declared_compiled:
+        raise FrankError(f"declared {step.declared_compiled} but the diff "
+                         f"{'touches' if not step.declared_compiled else 'does not touch'} "
+                         "compiled code", file=root / step.manifest, field="touches_compiled")
+    wheel = fetcher.fetch(Pinned(step.engine_wheel.url, step.engine_wheel.sha256))
+    result = apply_to_wheel(text, wheel, staging / site.lstrip("/"), label=layer.name, log=log)
+    _log(log, f"layer {layer.index}: {step.part}: {len(result.changed)} files changed, "
+              f"{len(result.deleted)} deleted, {len(result.skipped)} outside the wheel left "
+              f"out: {', '.join(result.skipped)}")
+
+
+def _compile_kernel(layer: PlanLayer, root: Path, staging: Path, fetcher: Fetcher
+                    ) -> tuple[Path, str]:
+    """Compile the kernel on the host; its libraries go to /opt/frank/kernels/<name>.
+
+    Returns the built tree and the kernel's source folder (repo-relative) it mirrors.
+    """
+    from frank.kernelbuild import compile_kernel
+    from frank.kinds.kernel import Kernel, kernel_dest
+
+    part = Kernel.model_validate(layer.kernel)
+    assert part.source is not None and layer.manifest is not None
+    tree = compile_kernel(part, root, root / layer.manifest, fetcher)
+    dest = staging / kernel_dest(part.name).lstrip("/")
+    dest.mkdir(parents=True, exist_ok=True)
+    for lib in sorted(tree.rglob("*.so")):
+        if not (dest / lib.name).exists():
+            shutil.copyfile(lib, dest / lib.name)
+    return tree, part.source
+
+
+def stage_host_layers(plan: BuildPlan, root: Path, context: Path, *, log: Path,
+                      mirrors: tuple[Path, ...] = ()) -> None:
+    """Assemble the host-built layers into the context, so any container engine builds it.
+
+    The same assembly as the embedded builder's (same fetched inputs, same trees); only the
+    tar and the image config are then the engine's.
+    """
+    from rich.console import Console
+
+    from frank.context import host_built, layer_dir, render_dockerfile, template_text
+    from frank.fetch import Fetcher
+
+    host = [x for x in plan.layers if host_built(x)]
+    if not host:
+        return
+    fetcher = Fetcher(mirrors=mirrors)
+    _fetch_inputs(host, fetcher, Console(stderr=True), log)
+    staged = set()
+    for layer in plan.layers:
+        rootfs = context / "layers" / layer_dir(layer) / "rootfs"
+        if layer in host:
+            shutil.rmtree(rootfs, ignore_errors=True)
+            rootfs.mkdir(parents=True)
+            assemble_layer(layer, plan, root, rootfs, fetcher, log)
+        if rootfs.is_dir():
+            staged.add(layer.index)
+    (context / "Dockerfile").write_text(render_dockerfile(plan, staged, template_text(root)))
+
+
 def build_with_engine(plan: BuildPlan, root: Path, context: Path, out: Path,
-                      engine_name: str) -> BuildResult:
+                      engine_name: str, mirrors: tuple[Path, ...] = ()) -> BuildResult:
     """Build the Dockerfile context with a container engine, exported as an OCI layout."""
     from frank.image.base import resolve_base
     from frank.image.engines import build_dockerfile, get_engine
@@ -139,6 +265,7 @@ def build_with_engine(plan: BuildPlan, root: Path, context: Path, out: Path,
 
     store = BlobStore()
     base = resolve_base(root / "images" / f"{plan.base_image['name']}.toml", store)
+    stage_host_layers(plan, root, context, log=context.parent / "build.log", mirrors=mirrors)
     engine = get_engine(engine_name, store)
     digest = build_dockerfile(engine, context, out, base_layout=base.layout,
                               base_digest=base.digest,
@@ -147,13 +274,30 @@ def build_with_engine(plan: BuildPlan, root: Path, context: Path, out: Path,
                        layers_built=len(plan.layers), layers_reused=0)
 
 
-def build(plan: BuildPlan, root: Path, out_dir: Path, requested: Builder) -> BuildResult:
-    """Build the plan's image into ``out_dir/image`` with the chosen builder."""
+def build(plan: BuildPlan, root: Path, out_dir: Path, requested: Builder, *,
+          mirrors: tuple[Path, ...] = (), quiet: bool = False) -> BuildResult:
+    """Build the plan's image into ``out_dir/image`` with the chosen builder.
+
+    A failure keeps its log: it is copied to the final output folder's ``build.log``
+    (``out_dir`` may be a stage that is thrown away) and the error names it.
+    """
+    from frank.outdir import final_path
+
     name, why = choose_builder(plan, requested)
     layout = out_dir / "image"
-    if name == "oci":
-        result = build_oci(plan, root, layout)
-    else:
-        result = build_with_engine(plan, root, out_dir / "context", layout, name)
+    log = out_dir / "build.log"
+    try:
+        if name == "oci":
+            result = build_oci(plan, root, layout, log=log, mirrors=mirrors, quiet=quiet)
+        else:
+            result = build_with_engine(plan, root, out_dir / "context", layout, name, mirrors)
+    except FrankError as exc:
+        kept = final_path(out_dir) / "build.log"
+        if log.is_file() and kept != log:
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(log, kept)
+        if log.is_file() and "build.log" not in exc.message:
+            exc.message += f" (build log: {kept})"
+        raise
     return BuildResult(digest=result.digest, layout=result.layout, builder=name, why=why,
                        layers_built=result.layers_built, layers_reused=result.layers_reused)

@@ -13,14 +13,26 @@ Written to a temp folder and renamed into place, so a failure leaves the old out
 from __future__ import annotations
 
 import json
+import os
+import re
+import shlex
 import shutil
 import tempfile
 from pathlib import Path
 from string import Template
 
-from frank.hashing import tree_files
+from frank.errors import FrankError
+from frank.hashing import check_link_inside, tree_files
 from frank.lock import Lock, render_lock
+from frank.pins import CONTROL_CHARS
 from frank.plan import BuildPlan, PlanLayer
+
+PLAIN_PATH = re.compile(r"[A-Za-z0-9_.+/-]+")
+
+
+def host_built(layer: PlanLayer) -> bool:
+    """Whether frank assembles this layer on the host (wheels, a patch, a kernel)."""
+    return bool(layer.wheels or layer.patch or layer.build_wheels or layer.kernel)
 
 
 def layer_dir(layer: PlanLayer) -> str:
@@ -28,32 +40,90 @@ def layer_dir(layer: PlanLayer) -> str:
     return f"{layer.index:02d}-{layer.name.replace(':', '-')}"
 
 
+def image_path_under(rootfs: Path, dest: str, layer: str) -> Path:
+    """Where image path ``dest`` lands under ``rootfs``; one that would leave it (``..``)
+    or name the root itself is refused, whatever the manifest validation let through."""
+    rel = os.path.normpath(dest.lstrip("/"))
+    if rel in (".", "") or rel == ".." or rel.startswith("../") or os.path.isabs(rel):
+        raise FrankError(f"image path {dest!r} leaves the image root or names it", field=layer)
+    return rootfs / rel
+
+
+def copy_entry(file: Path, target: Path) -> None:
+    """Copy one file of a tree; a symlink stays a symlink (as the tree hash counts it)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if file.is_symlink():
+        os.symlink(os.readlink(file), target)
+    else:
+        shutil.copy2(file, target)
+
+
 def stage_layer(layer: PlanLayer, root: Path, rootfs: Path) -> None:
     """Place a layer's repo files and generated files under ``rootfs`` at their image paths."""
     for step in layer.files:
         src = root / step.src
-        dest = rootfs / step.dest.lstrip("/")
+        dest = image_path_under(rootfs, step.dest, layer.name)
         dest.parent.mkdir(parents=True, exist_ok=True)
         if src.is_dir():
             for file in tree_files(src):  # exactly the files the lock hashed
-                target = dest / file.relative_to(src)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(file, target)
+                if file.is_symlink():
+                    check_link_inside(file, src)
+                copy_entry(file, dest / file.relative_to(src))
         else:
             shutil.copy2(src, dest)
     for gen in layer.generated:
-        dest = rootfs / gen.dest.lstrip("/")
+        dest = image_path_under(rootfs, gen.dest, layer.name)
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_text(gen.text, encoding="utf-8")
 
 
+def dockerfile_word(value: str) -> str:
+    """``value`` as one double-quoted Dockerfile word that every parser (BuildKit, the
+    classic builder, buildah's imagebuilder) reads back literally: inside double quotes
+    they expand ``$`` and treat a backslash as escaping only ``"``, ``$`` and ``\\``."""
+    if CONTROL_CHARS.search(value):
+        raise FrankError(f"{value!r} holds a control character; it cannot be written into a "
+                         "Dockerfile")
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$")
+    return f'"{escaped}"'
+
+
+def comment(text: str) -> str:
+    """Text for a ``#`` line: a newline in it would start a Dockerfile instruction."""
+    return " ".join(CONTROL_CHARS.sub(" ", text).split())
+
+
+def plain(path: str) -> str:
+    """A path written bare into a COPY line: only names of the portable character set (a
+    space would split it, a ``$`` would be expanded)."""
+    if not PLAIN_PATH.fullmatch(path):
+        raise FrankError(f"{path!r} cannot be written into a Dockerfile COPY line as it is")
+    return path
+
+
+def run_instruction(steps: list[str]) -> str:
+    """One RUN of shell steps joined by ``&&``; a step holding a newline would end the RUN
+    and start an instruction of its own, so it is refused."""
+    for step in steps:
+        if CONTROL_CHARS.search(step):
+            raise FrankError(f"a build step holds a control character: {step!r}")
+    return "RUN " + " \\\n && ".join(steps)
+
+
+def pip_step(dest: str) -> str:
+    """A shell step installing the package staged at ``dest``, quoted for the shell."""
+    return f"pip install --no-deps {shlex.quote(dest)}"
+
+
 def _layer_steps(layer: PlanLayer, staged: set[int], pip: bool = True) -> list[str]:
-    lines = [f"# layer {layer.index}: {layer.name} (key {layer.key[:16]}): {layer.why}"]
-    if layer.index in staged:
-        lines.append(f"COPY layers/{layer_dir(layer)}/rootfs/ /")
-    steps = [*layer.run, *(f"pip install --no-deps {d}" for d in layer.pip_install if pip)]
+    lines = ["# " + comment(f"layer {layer.index}: {layer.name} (key {layer.key[:16]}): "
+                            f"{layer.why}")]
+    if layer.index in staged or host_built(layer):
+        # a host-built layer's rootfs is there only once frank staged it (container builds)
+        lines.append(f"COPY {plain(f'layers/{layer_dir(layer)}/rootfs/')} /")
+    steps = [*layer.run, *(pip_step(d) for d in layer.pip_install if pip)]
     if steps:
-        lines.append("RUN " + " \\\n && ".join(steps))
+        lines.append(run_instruction(steps))
     return lines
 
 
@@ -63,6 +133,19 @@ def template_text(root: Path) -> str:
     if own.is_file():
         return own.read_text(encoding="utf-8")
     return (Path(__file__).parent / "templates" / "Dockerfile.tmpl").read_text(encoding="utf-8")
+
+
+def host_note(plan: BuildPlan, staged: set[int]) -> str:
+    """Which builder this context is for: host-built layers need frank to stage them."""
+    host = [x for x in plan.layers if host_built(x)]
+    if not host:
+        return "Builds with buildah, podman or docker as it is."
+    if all(x.index in staged for x in host):
+        return (f"{len(host)} layers were assembled on the host by frank and staged here: "
+                "builds with buildah, podman or docker as it is.")
+    return (f"For frank's builders only: {len(host)} layers (wheels, patches, kernels) are "
+            "assembled on the host by frank; `frank compose --builder oci` builds them, and "
+            "`--builder buildah|podman|docker` stages them here first.")
 
 
 def render_dockerfile(plan: BuildPlan, staged: set[int], template: str) -> str:
@@ -80,31 +163,33 @@ def render_dockerfile(plan: BuildPlan, staged: set[int], template: str) -> str:
             kernel_stages += [f"FROM engine AS {stage}", *_layer_steps(layer, staged, pip=False),
                               ""]
             src = layer.files[0].dest if layer.files else f"/opt/frank/kernels/{layer.part}"
-            final_part += [f"# kernel {layer.part}: built in stage {stage}",
-                           f"COPY --from={stage} {src}/ {src}/"]
+            final_part += ["# " + comment(f"kernel {layer.part}: built in stage {stage}"),
+                           f"COPY --from={stage} {plain(src)}/ {plain(src)}/"]
             if layer.pip_install:
-                final_part.append("RUN " + " \\\n && ".join(
-                    f"pip install --no-deps {d}" for d in layer.pip_install))
+                final_part.append(run_instruction([pip_step(d) for d in layer.pip_install]))
             final_part.append("")
         else:
             final_part += [*_layer_steps(layer, staged), ""]
     env = plan.config.env
     config = []
     if env:
-        config.append("ENV " + " \\\n    ".join(f"{k}={json.dumps(v)}" for k, v in env.items()))
+        config.append("ENV " + " \\\n    ".join(
+            f"{k}={dockerfile_word(v)}" for k, v in env.items()))
     labels = plan.config.labels
     config.append("LABEL " + " \\\n      ".join(
-        f"{k}={json.dumps(v)}" for k, v in labels.items()))
+        f"{dockerfile_word(k)}={dockerfile_word(v)}" for k, v in labels.items()))
     config.append(f"ENTRYPOINT {json.dumps(plan.config.entrypoint)}")
     config.append(f"CMD {json.dumps(plan.config.cmd)}")
     engine_path = (f"{plan.engine.strategy}: {plan.engine.why}" if plan.engine
                    else "none (no engine part)")
     return Template(template).substitute(
-        stack=plan.stack, lock_digest=plan.lock_digest, base_image=base,
-        source_date_epoch=plan.source_date_epoch, engine_path=engine_path,
+        stack=comment(plan.stack), lock_digest=comment(plan.lock_digest),
+        base_image=dockerfile_word(base), source_date_epoch=plan.source_date_epoch,
+        engine_path=comment(engine_path),
         engine_layers="\n".join(engine_part).rstrip(),
         kernel_stages="\n".join(kernel_stages).rstrip(),
         final_layers="\n".join(final_part).rstrip(), config="\n".join(config),
+        host_note=comment(host_note(plan, staged)),
     ).replace("\n\n\n", "\n\n")
 
 

@@ -19,7 +19,7 @@ from frank.fsutil import write_atomic
 from frank.hashing import sha256_json
 from frank.kinds.base import FlagValue, Strict
 from frank.resolve import Resolved
-from frank.tomlio import validation_to_error
+from frank.tomlio import read_text, validation_to_error
 
 LOCK_VERSION = 1
 
@@ -51,6 +51,8 @@ class Lock(Strict):
     env: dict[str, str]
     plugins: list[str]
     parts: list[LockedPart]
+    # the stack's Python closure: pylock file (repo-relative), its sha256, the request hash
+    python_closure: dict[str, str] | None = None
 
     def part(self, name: str) -> LockedPart | None:
         """The locked part of that name, if present."""
@@ -62,8 +64,8 @@ def lock_path(stack_path: Path) -> Path:
     return stack_path.with_suffix(".lock")
 
 
-def build_lock(resolved: Resolved) -> Lock:
-    """The lock of a resolved stack."""
+def build_lock(resolved: Resolved, python_closure: dict[str, str] | None = None) -> Lock:
+    """The lock of a resolved stack (and of its Python closure, when it has one)."""
     parts = []
     digest_parts = []
     for rp in resolved.parts:
@@ -85,9 +87,12 @@ def build_lock(resolved: Resolved) -> Lock:
         "env": resolved.env,
         "plugins": resolved.plugins,
     }
-    digest = "sha256:" + sha256_json({**body, "parts": digest_parts, "lock_version": LOCK_VERSION})
+    doc = {**body, "parts": digest_parts, "lock_version": LOCK_VERSION}
+    if python_closure is not None:
+        doc["python_closure"] = python_closure
+    digest = "sha256:" + sha256_json(doc)
     return Lock(lock_version=LOCK_VERSION, stack=resolved.stack.name, digest=digest,
-                parts=parts, **body)
+                parts=parts, python_closure=python_closure, **body)
 
 
 def render_lock(lock: Lock) -> str:
@@ -99,19 +104,29 @@ def render_lock(lock: Lock) -> str:
 def write_lock(lock: Lock, path: Path) -> bool:
     """Write the lock atomically; returns whether the file changed."""
     text = render_lock(lock)
-    if path.is_file() and path.read_text(encoding="utf-8") == text:
+    if lock_is_current(path, text):
         return False
     write_atomic(path, text)
     return True
 
 
+def lock_is_current(path: Path, text: str) -> bool:
+    """Whether the lock file at ``path`` holds exactly ``text`` (compared as bytes, so a
+    file that is not UTF-8 is simply stale)."""
+    return path.is_file() and path.read_bytes() == text.encode()
+
+
+def _no_constant(name: str) -> Any:
+    """json.loads takes NaN and Infinity, which are not JSON: a lock never holds them."""
+    raise ValueError(f"{name} is not JSON")
+
+
 def read_lock(path: Path) -> Lock:
     """Load a lock file; a missing, corrupt or foreign file is a one-line error."""
+    text = read_text(path, missing="lock file not found (run `frank lock`)")
     try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FrankError("lock file not found (run `frank lock`)", file=path) from None
-    except json.JSONDecodeError as exc:
+        raw = json.loads(text, parse_constant=_no_constant)
+    except ValueError as exc:  # JSONDecodeError, or NaN/Infinity
         raise FrankError(f"not valid JSON: {exc}", file=path) from None
     try:
         return Lock.model_validate(raw)

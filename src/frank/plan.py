@@ -9,23 +9,40 @@ and verified at serve time.
 
 from __future__ import annotations
 
+import tomllib
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
+from packaging.utils import canonicalize_name
+
+from frank.errors import FrankError
 from frank.hashing import sha256_bytes, sha256_json
 from frank.kinds import PART_ADAPTER
-from frank.kinds.base import PartContext, Strict
+from frank.kinds.base import PartBase, PartContext, Strict
 from frank.kinds.engine import EngineBase
+from frank.kinds.kernel import Kernel
+from frank.kinds.package import Package
 from frank.kinds.patch import Patch
-from frank.lock import Lock, render_lock
+from frank.lock import Lock, LockedPart, render_lock
 
-PLAN_VERSION = 1
+PLAN_VERSION = 2
 # Fixed, so that the same lock gives the same bytes on any day (ko uses 0; we use the
 # zip epoch, 1980-01-01, which every tar and zip tool accepts).
 SOURCE_DATE_EPOCH = 315532800
 LOCK_IN_IMAGE = "/etc/frank/frank.lock"
 LAUNCHER_IN_IMAGE = "/opt/frank/bin/frank-launch"
 LAUNCHER_SOURCE = Path(__file__).with_name("launch.py")
+# Debian's python3.11 has this on sys.path; frank installs every wheel here.
+SITE_PACKAGES = "/usr/local/lib/python3.11/dist-packages"
+# Bump when the same wheels would be installed into different bytes.
+INSTALL_FORMAT = "frank-install-1"
+# Closure distributions that change least often get layers of their own, so that a
+# vLLM bump that keeps torch reuses them (names are canonical, prefix match).
+CLOSURE_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("nvidia", ("nvidia-", "cuda-")),
+    ("torch", ("torch", "triton")),
+)
 
 EngineStrategy = Literal["image", "release-wheel", "precompiled", "source"]
 
@@ -44,6 +61,28 @@ class GeneratedFile(Strict):
     text: str
 
 
+class WheelRef(Strict):
+    """A wheel of the locked closure that frank installs into a layer tree on the host."""
+
+    name: str
+    version: str
+    filename: str
+    url: str
+    sha256: str
+    size: int | None = None
+
+
+class PatchStep(Strict):
+    """A Python-only patch applied on the host to the engine's installed files."""
+
+    part: str
+    source: str  # repo path or URL
+    sha256: str
+    engine_wheel: WheelRef
+    manifest: str  # the patch part's manifest (errors name it)
+    declared_compiled: bool
+
+
 class PlanLayer(Strict):
     """One image layer and everything that keys it."""
 
@@ -58,6 +97,14 @@ class PlanLayer(Strict):
     pip_install: list[str]
     run: list[str]
     why: str
+    # Host-side steps of the embedded builder (no command runs inside the image):
+    wheels: list[WheelRef] = []  # installed into the layer tree by frank (`installer`)
+    owns: list[str] = []  # the distributions this layer holds
+    patch: PatchStep | None = None
+    build_wheels: list[str] = []  # repo package folders built into wheels and installed
+    kernel: dict[str, Any] | None = None  # a kernel part's spec, compiled on the host
+    manifest: str | None = None  # the part's manifest, repo-relative (errors name it)
+    impure: bool = False  # runs commands inside the image (a container engine), see `run`
 
 
 class EnginePath(Strict):
@@ -87,11 +134,17 @@ class BuildPlan(Strict):
     engine: EnginePath | None
     layers: list[PlanLayer]
     config: ImageConfig
+    site_packages: str = SITE_PACKAGES
 
     @property
     def needs_run(self) -> bool:
         """Whether some layer must run commands inside the image (needs a container build)."""
         return any(layer.run for layer in self.layers)
+
+    @property
+    def impure(self) -> list[str]:
+        """The layers that run a command inside the image (recorded, never silent)."""
+        return [layer.name for layer in self.layers if layer.impure or layer.run]
 
 
 def engine_path(lock: Lock) -> EnginePath | None:
@@ -124,39 +177,163 @@ def _source_build_run(engine: EngineBase, patches: list[str]) -> list[str]:
     return steps
 
 
+def closure_wheels(lock: Lock, root: Path) -> list[WheelRef]:
+    """The target's wheels from the lock's pylock, whose sha256 must be the locked one."""
+    from frank.closure import ClosureRequest, select_wheels
+
+    info = lock.python_closure
+    if info is None:
+        return []
+    path = root / info["file"]
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise FrankError("the lock names this Python closure but it is missing (run "
+                         "`frank lock`)", file=path) from None
+    if sha256_bytes(raw) != info["sha256"]:
+        raise FrankError("the Python closure changed since the lock was written (run "
+                         "`frank lock`)", file=path)
+    python = next((str(p.spec.get("python")) for p in lock.parts if p.kind == "engine"),
+                  "3.11")
+    try:
+        doc = tomllib.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise FrankError(f"not a valid pylock: {exc}", file=path) from None
+    return [WheelRef(name=w.name, version=w.version, filename=w.filename, url=w.url,
+                     sha256=w.sha256, size=w.size)
+            for w in select_wheels(doc, ClosureRequest(python=python), file=path)]
+
+
+def _wheel_layer(name: str, kind: str, part: str | None, wheels: list[WheelRef],
+                 why: str, inputs: dict[str, str] | None = None) -> PlanLayer:
+    key = sha256_json({"format": INSTALL_FORMAT, "site": SITE_PACKAGES,
+                       "wheels": sorted(w.sha256 for w in wheels)})
+    return PlanLayer(index=0, name=name, part=part, kind=kind, key=key,
+                     inputs=inputs or {w.filename: w.sha256 for w in wheels}, files=[],
+                     generated=[], pip_install=[], run=[], why=why, wheels=wheels,
+                     owns=[f"{w.name}=={w.version}" for w in wheels])
+
+
+def _group_of(name: str) -> str:
+    for group, prefixes in CLOSURE_GROUPS:
+        if name.startswith(prefixes):
+            return group
+    return "deps"
+
+
+def _hermetic_engine_layers(lock: Lock, root: Path, parts: Sequence[tuple[LockedPart, PartBase]]
+                            ) -> tuple[list[PlanLayer], dict[str, PlanLayer]]:
+    """Layers of the Python closure: shared groups first, then one per owning part.
+
+    Returns the closure's shared layers (nvidia, torch, deps) and, per owning part name,
+    the layer holding the distributions that part owns (the engine's own wheel, a
+    package part's wheel).
+    """
+    wheels = closure_wheels(lock, root)
+    owner: dict[str, str] = {}
+    for locked, part in parts:
+        ctx = PartContext(root=root, manifest=root / locked.manifest)
+        for dist in part.python_needs(ctx).owns:
+            owner[canonicalize_name(dist)] = locked.name
+    groups: dict[str, list[WheelRef]] = {}
+    owned: dict[str, list[WheelRef]] = {}
+    for w in wheels:
+        if w.name in owner:
+            owned.setdefault(owner[w.name], []).append(w)
+        else:
+            groups.setdefault(_group_of(w.name), []).append(w)
+    shared = [_wheel_layer(f"python:{g}", "closure", None, groups[g],
+                           f"{len(groups[g])} wheels of the locked closure ({g})")
+              for g in ("nvidia", "torch", "deps") if groups.get(g)]
+    by_part: dict[str, PlanLayer] = {}
+    for locked, _ in parts:
+        if locked.name in owned:
+            by_part[locked.name] = _wheel_layer(
+                f"{locked.kind}:{locked.name}", locked.kind, locked.name, owned[locked.name],
+                "wheel pinned by sha256, installed on the host from the locked closure",
+                inputs=locked.inputs)
+    return shared, by_part
+
+
+def _patch_layer(locked: LockedPart, part: Patch, engine_layer: PlanLayer) -> PlanLayer:
+    engine_wheel = engine_layer.wheels[0]
+    source = part.file if part.file is not None else str(part.url)
+    assert part.sha256 is not None or part.file is not None
+    sha = part.sha256 or locked.inputs[str(part.file)]
+    step = PatchStep(part=part.name, source=source, sha256=sha, engine_wheel=engine_wheel,
+                     manifest=locked.manifest, declared_compiled=part.touches_compiled)
+    key = sha256_json({"format": INSTALL_FORMAT, "site": SITE_PACKAGES, "patch": sha,
+                       "engine": engine_wheel.sha256})
+    return PlanLayer(index=0, name=f"patch:{part.name}", part=part.name, kind="patch", key=key,
+                     inputs=locked.inputs, files=[], generated=[], pip_install=[], run=[],
+                     why=f"Python-only patch applied on the host to {engine_wheel.filename}; "
+                         "the layer holds the files it changes", patch=step)
+
+
+def _part_layer(locked: LockedPart, part: PartBase, root: Path) -> PlanLayer | None:
+    """The layer of a part that copies files, builds a wheel or compiles a kernel."""
+    contribution = part.layer(PartContext(root=root, manifest=root / locked.manifest))
+    if contribution is None:
+        return None
+    build_wheels = list(contribution.build_wheels)
+    kernel = locked.spec if isinstance(part, Kernel) else None
+    run = [] if (build_wheels or kernel) else list(contribution.run)
+    pip = [] if (build_wheels or kernel) else list(contribution.pip_install)
+    if not (contribution.files or contribution.generated or pip or run or build_wheels
+            or kernel):
+        return None
+    # The part's key, and how frank turns it into a layer: a change to either is a
+    # different layer, so a cached layer is never reused for other content.
+    key = sha256_json({"part": locked.key, "files": [(f.src, f.dest) for f in
+                                                     contribution.files],
+                       "generated": contribution.generated, "run": run, "pip_install": pip,
+                       "build_wheels": build_wheels, "kernel": kernel,
+                       "format": INSTALL_FORMAT, "site": SITE_PACKAGES})
+    return PlanLayer(
+        index=0, name=f"{locked.kind}:{locked.name}", part=locked.name,
+        kind=locked.kind, key=key, inputs=locked.inputs,
+        files=[CopyStep(src=f.src, dest=f.dest) for f in contribution.files],
+        generated=[GeneratedFile(dest=d, text=t) for d, t in contribution.generated],
+        pip_install=pip, run=run, why=contribution.why, build_wheels=build_wheels,
+        kernel=kernel, manifest=locked.manifest, impure=bool(run))
+
+
 def build_plan(lock: Lock, root: Path) -> BuildPlan:
     """The ordered layers and image config for a lock."""
     path = engine_path(lock)
+    parts = [(locked, PART_ADAPTER.validate_python(locked.spec)) for locked in lock.parts]
+    hermetic = path is not None and path.strategy == "release-wheel" \
+        and lock.python_closure is not None
     layers: list[PlanLayer] = []
+    owned: dict[str, PlanLayer] = {}
+    if hermetic or (path is None and lock.python_closure is not None):
+        shared, owned = _hermetic_engine_layers(lock, root, parts)
+        layers += shared
     source_patches: list[str] = []
-    for locked in lock.parts:
-        part = PART_ADAPTER.validate_python(locked.spec)
-        contribution = part.layer(PartContext(root=root, manifest=root / locked.manifest))
-        if contribution is None:
+    engine_layer: PlanLayer | None = None
+    for locked, part in parts:
+        if locked.name in owned:
+            layers.append(owned[locked.name])
+            if isinstance(part, EngineBase):
+                engine_layer = owned[locked.name]
             continue
-        run = list(contribution.run)
+        if hermetic and isinstance(part, Patch):
+            assert engine_layer is not None
+            layers.append(_patch_layer(locked, part, engine_layer))
+            continue
+        if hermetic and isinstance(part, (EngineBase, Package)):
+            continue  # nothing of its own in the closure (overrides/removals only)
+        layer = _part_layer(locked, part, root)
+        if layer is None:
+            continue
         if path is not None and path.strategy == "source":
             if isinstance(part, Patch):
                 source_patches.append(part.name)
-                run = [r for r in run if not r.startswith("patch ")]
+                layer = layer.model_copy(update={
+                    "run": [r for r in layer.run if not r.startswith("patch ")]})
             elif isinstance(part, EngineBase):
                 continue  # built after the patches are in place
-        if not (contribution.files or contribution.generated or contribution.pip_install
-                or run):
-            continue
-        # The part's key, and how frank turns it into a layer: a change to either is a
-        # different layer, so a cached layer is never reused for other content.
-        key = sha256_json({"part": locked.key, "files": [(f.src, f.dest) for f in
-                                                         contribution.files],
-                           "generated": contribution.generated, "run": run,
-                           "pip_install": contribution.pip_install})
-        layers.append(PlanLayer(
-            index=len(layers) + 1, name=f"{locked.kind}:{locked.name}", part=locked.name,
-            kind=locked.kind, key=key, inputs=locked.inputs,
-            files=[CopyStep(src=f.src, dest=f.dest) for f in contribution.files],
-            generated=[GeneratedFile(dest=d, text=t) for d, t in contribution.generated],
-            pip_install=list(contribution.pip_install), run=run, why=contribution.why,
-        ))
+        layers.append(layer)
     if path is not None and path.strategy == "source":
         engine_lock = next(p for p in lock.parts if p.kind == "engine")
         engine = PART_ADAPTER.validate_python(engine_lock.spec)
@@ -167,8 +344,8 @@ def build_plan(lock: Lock, root: Path) -> BuildPlan:
         layers.insert(after, PlanLayer(
             index=0, name=f"engine:{engine.name}", part=engine.name, kind="engine",
             key=sha256_json({"run": run, "engine": engine_lock.key}), inputs=engine_lock.inputs,
-            files=[], generated=[], pip_install=[], run=run, why=path.why))
-        layers = [x.model_copy(update={"index": i}) for i, x in enumerate(layers, 1)]
+            files=[], generated=[], pip_install=[], run=run, why=path.why, impure=True))
+    layers = [x.model_copy(update={"index": i}) for i, x in enumerate(layers, 1)]
     launcher_text = LAUNCHER_SOURCE.read_text(encoding="utf-8")
     launcher_hash = sha256_bytes(launcher_text.encode())
     layers.append(PlanLayer(

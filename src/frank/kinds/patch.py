@@ -11,11 +11,11 @@ from __future__ import annotations
 import re
 from typing import ClassVar, Literal
 
-from pydantic import HttpUrl, model_validator
+from pydantic import model_validator
 
 from frank.errors import FrankError
 from frank.kinds.base import FileCopy, LayerContribution, PartBase, PartContext
-from frank.pins import Commit, GitUrl, Sha256
+from frank.pins import Commit, GitUrl, SafeHttpUrl, Sha256
 
 # Paths whose change means vLLM must be compiled (VLLM.md, "Building vLLM").
 COMPILED_PATHS = re.compile(
@@ -30,8 +30,20 @@ def touched_paths(diff_text: str) -> list[str]:
 
 
 def touches_compiled(diff_text: str) -> bool:
-    """Whether any changed path needs vLLM's compiled code rebuilt."""
-    return any(COMPILED_PATHS.search(p) for p in touched_paths(diff_text))
+    """Whether the diff changes code vLLM compiles (so the precompiled path is wrong).
+
+    Changing or deleting an existing compiled path counts, and so does touching the build
+    (CMake, setup.py). A *new* source file counts only together with such a change: vLLM's
+    CMake lists its sources by name, so a file nothing names is never compiled (vLLM-Moet's
+    patch set adds such files under csrc/ and tools/ for reference).
+    """
+    from frank.patching import split_diff
+
+    parts = split_diff(diff_text)
+    if not parts:  # not a per-file diff: judge by every path it names
+        return any(COMPILED_PATHS.search(p) for p in touched_paths(diff_text))
+    changed = [p for p in parts if not p.created and COMPILED_PATHS.search(p.path)]
+    return bool(changed)
 
 
 def patch_dest(part_name: str) -> str:
@@ -49,7 +61,7 @@ class Patch(PartBase):
     source_repo: GitUrl
     source_commit: Commit | None = None
     file: str | None = None
-    url: HttpUrl | None = None
+    url: SafeHttpUrl | None = None
     sha256: Sha256 | None = None
     applies_to: list[Commit]
     touches_compiled: bool

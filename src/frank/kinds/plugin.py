@@ -4,8 +4,15 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from frank.kinds.base import FileCopy, LayerContribution, PartBase, PartContext, Strict
-from frank.kinds.env import EnvName
+from frank.kinds.base import (
+    LayerContribution,
+    PartBase,
+    PartContext,
+    PythonNeeds,
+    Strict,
+)
+from frank.kinds.env import EnvName, EnvValue
+from frank.pins import EntryPointName, OneLine
 
 PluginGroup = Literal[
     "vllm.general_plugins",
@@ -19,9 +26,16 @@ PluginGroup = Literal[
 class EntryPoint(Strict):
     """The package that vLLM loads and the entry point it is registered under."""
 
-    package: str  # repo-relative folder holding the package's pyproject.toml
+    package: OneLine  # repo-relative folder holding the package's pyproject.toml
     group: PluginGroup = "vllm.general_plugins"
-    name: str
+    name: EntryPointName
+
+
+def package_needs(ctx: PartContext, package: str, field_name: str) -> PythonNeeds:
+    """A repo package's dependencies, from its static pyproject metadata."""
+    from frank.wheelbuild import read_project
+
+    return PythonNeeds(requirements=read_project(ctx.path(package, field_name)).dependencies)
 
 
 def package_dest(part_name: str) -> str:
@@ -37,7 +51,7 @@ class Plugin(PartBase):
 
     kind: Literal["plugin"]
     entry_point: EntryPoint | None = None
-    settings: dict[EnvName, str] = {}
+    settings: dict[EnvName, EnvValue] = {}
 
     def inputs(self, ctx: PartContext) -> dict[str, str]:
         assert self.entry_point is not None
@@ -51,12 +65,15 @@ class Plugin(PartBase):
 
     def layer(self, ctx: PartContext) -> LayerContribution | None:
         assert self.entry_point is not None
-        dest = package_dest(self.name)
         return LayerContribution(
-            files=(FileCopy(self.entry_point.package, dest),),
-            pip_install=(dest,),
-            why=f"plugin package installed with its {self.entry_point.group} entry point",
+            build_wheels=(self.entry_point.package,),
+            why=f"wheel built from repo source (static metadata), installed with its "
+                f"{self.entry_point.group} entry point",
         )
+
+    def python_needs(self, ctx: PartContext) -> PythonNeeds:
+        assert self.entry_point is not None
+        return package_needs(ctx, self.entry_point.package, "entry_point.package")
 
     def env(self) -> dict[str, str]:
         return dict(self.settings)
