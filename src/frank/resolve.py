@@ -62,8 +62,9 @@ def load_base_image(root: Path, name: str, stack_file: Path) -> dict[str, str]:
     """The base image definition ``images/<name>.toml``, identified by content.
 
     A registry image must be pinned by digest (``ref = NAME@sha256:...``; a tag alone is
-    refused). A base made on the machine (a debootstrap recipe) is identified by the
-    definition's sha256; the builder records the digest it got.
+    refused). A ``[debs]`` base is identified by its package lock too (missing or stale is
+    an error naming the lock); a debootstrap base by the definition's sha256 only, the
+    builder recording the digest it got.
     """
     from frank.hashing import sha256_file
     from frank.pins import check_image_ref
@@ -80,9 +81,16 @@ def load_base_image(root: Path, name: str, stack_file: Path) -> dict[str, str]:
             out["ref"] = check_image_ref(str(ref))
         except ValueError as exc:
             raise FrankError(str(exc), file=path, field="ref") from None
+    elif "debs" in raw:  # pinned .debs: the lock beside it is the content (checked offline)
+        from frank.image.base import load_image_file
+        from frank.image.debs.lock import current_lock
+
+        debs = load_image_file(path).debs
+        assert debs is not None
+        out["debs_lock_sha256"] = current_lock(debs, path)[1]
     elif "debootstrap" not in raw:
-        raise FrankError("needs ref (NAME@sha256:...) or a [debootstrap] recipe", file=path,
-                         field="ref")
+        raise FrankError("needs ref (NAME@sha256:...), a [debs] or a [debootstrap] recipe",
+                         file=path, field="ref")
     return out
 
 

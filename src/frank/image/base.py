@@ -1,15 +1,19 @@
-"""Base images: ``images/*.toml`` files naming a base pinned by digest, and the test base.
+"""Base images: ``images/*.toml`` files naming a base pinned by content.
 
-A base named in ``images/`` is either a reference pinned by digest (``oci:DIR@sha256:...``
-for a local layout, ``host/repo[:tag]@sha256:...`` for a registry; a tag alone is refused,
-since a tag can move under a lock) or a ``[debootstrap]`` recipe for a base made on this
-machine from Debian packages.
+A base named in ``images/`` is one of:
 
-A debootstrap rootfs is **not** byte-reproducible (package scripts write timestamps, random
-machine ids, ldconfig caches), so two machines get different digests. The test base is
-therefore made once per cache, imported as an OCI layout, and pinned by the digest it got
-(recorded in ``<cache>/bases/<key>.json``); every later call returns that layout and digest
-instantly. Everything frank builds on top of it is reproducible given that digest.
+- a reference pinned by digest (``oci:DIR@sha256:...`` for a local layout,
+  ``host/repo[:tag]@sha256:...`` for a registry; a tag alone is refused, since a tag can
+  move under a lock);
+- ``[debs]``: Debian packages pinned by version and sha256 in ``<name>.debs.lock``, merged
+  by frank without running a maintainer script (``frank.image.debs``); the same lock gives
+  the same digest on any machine. The test base and the served base are made this way;
+- ``[debootstrap]``: kept as an option for a base no lock describes. Its rootfs is **not**
+  byte-reproducible (package scripts write timestamps, random machine ids, ldconfig
+  caches), so it is made once per cache and pinned by the digest it got.
+
+Made bases are recorded in ``<cache>/bases/<key>.json`` (``cached_base``); every later
+call returns that layout and digest instantly.
 """
 
 from __future__ import annotations
@@ -22,13 +26,15 @@ import shutil
 import subprocess
 import tempfile
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from frank.errors import FrankError
+from frank.fsutil import write_atomic
+from frank.image.debs.lock import DebsSource
 from frank.image.layer import LAYER_MEDIA_TYPE, collect, write_tar
 from frank.image.oci import (
     OCI_CONFIG,
@@ -67,19 +73,20 @@ class DebootstrapSource(BaseModel):
 
 
 class BaseImageFile(BaseModel):
-    """One ``images/<name>.toml``: a base image pinned by digest, or a debootstrap recipe."""
+    """One ``images/<name>.toml``: a base pinned by digest, pinned .debs, or debootstrap."""
 
     model_config = ConfigDict(extra="forbid")
 
     name: str
     description: str = ""
     ref: str | None = None
+    debs: DebsSource | None = None
     debootstrap: DebootstrapSource | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> BaseImageFile:
-        if (self.ref is None) == (self.debootstrap is None):
-            raise ValueError("give exactly one of 'ref' or '[debootstrap]'")
+        if sum(x is not None for x in (self.ref, self.debs, self.debootstrap)) != 1:
+            raise ValueError("give exactly one of 'ref', '[debs]' or '[debootstrap]'")
         return self
 
 
@@ -130,14 +137,19 @@ def load_image_file(path: Path) -> BaseImageFile:
     return img
 
 
-def apt_mirror() -> str:
-    """The Debian mirror apt is configured with here (deb822 or one-line sources)."""
+def apt_mirror(*, security: bool = False, suite: str = "bookworm") -> str:
+    """The Debian mirror apt is configured with here (deb822 or one-line sources).
+
+    ``security``: the mirror of ``<suite>-security`` (Debian keeps it apart) instead.
+    """
+    default = "http://deb.debian.org/debian" + ("-security" if security else "")
     for f in sorted(Path("/etc/apt/sources.list.d").glob("*.sources")):
-        text = f.read_text()
-        for stanza in text.split("\n\n"):
-            if "debian-security" in stanza:
+        for stanza in f.read_text().split("\n\n"):
+            is_security = "debian-security" in stanza or bool(
+                re.search(r"^Suites:.*-security\b", stanza, re.M))
+            if is_security != security:
                 continue
-            if re.search(r"^Suites:.*\bbookworm\b", stanza, re.M):
+            if re.search(rf"^Suites:.*\b{re.escape(suite)}\b", stanza, re.M):
                 m = re.search(r"^URIs:\s*(\S+)", stanza, re.M)
                 if m:
                     return m.group(1)
@@ -145,9 +157,10 @@ def apt_mirror() -> str:
     if lst.is_file():
         for line in lst.read_text().splitlines():
             parts = line.split()
-            if len(parts) >= 3 and parts[0] == "deb" and "security" not in parts[1]:
+            if len(parts) >= 3 and parts[0] == "deb" and parts[2].startswith(suite) and \
+                    ("security" in parts[2]) == security:
                 return parts[1]
-    return "http://deb.debian.org/debian"
+    return default
 
 
 @contextlib.contextmanager
@@ -174,12 +187,19 @@ def layout_from_rootfs(rootfs: Path, store: BlobStore, out: Path, *, epoch: int,
     members = collect([(rootfs, "/")], preserve_owner=True, skip=ROOTFS_SKIP)
     with store.writer() as w:
         write_tar(members, epoch, w)  # type: ignore[arg-type]
+    return layout_from_layer(store, out, w.digest, w.size, epoch=epoch, created_by=created_by)
+
+
+def layout_from_layer(store: BlobStore, out: Path, layer: str, size: int, *, epoch: int,
+                      created_by: str, architecture: str | None = None,
+                      cmd: tuple[str, ...] = ("/bin/bash",)) -> str:
+    """A one-layer OCI layout around an uncompressed layer blob already in the store."""
     created = epoch_to_rfc3339(epoch)
     config = {
-        "architecture": _go_arch(), "os": "linux", "created": created,
+        "architecture": architecture or _go_arch(), "os": "linux", "created": created,
         "config": {"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
-                   "Cmd": ["/bin/bash"]},
-        "rootfs": {"type": "layers", "diff_ids": [w.digest]},
+                   **({"Cmd": list(cmd)} if cmd else {})},
+        "rootfs": {"type": "layers", "diff_ids": [layer]},
         "history": [{"created": created, "created_by": created_by}],
     }
     config_raw = canonical_json(config)
@@ -187,22 +207,23 @@ def layout_from_rootfs(rootfs: Path, store: BlobStore, out: Path, *, epoch: int,
     manifest = {
         "schemaVersion": 2, "mediaType": OCI_MANIFEST,
         "config": {"mediaType": OCI_CONFIG, "digest": config_digest, "size": len(config_raw)},
-        "layers": [{"mediaType": LAYER_MEDIA_TYPE, "digest": w.digest, "size": w.size}],
+        "layers": [{"mediaType": LAYER_MEDIA_TYPE, "digest": layer, "size": size}],
     }
     manifest_raw = canonical_json(manifest)
     digest = store.put_bytes(manifest_raw)
     index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [
         {"mediaType": OCI_MANIFEST, "digest": digest, "size": len(manifest_raw)}]}
-    write_layout(store, out, canonical_json(index), [config_digest, digest, w.digest],
+    write_layout(store, out, canonical_json(index), [config_digest, digest, layer],
                  epoch=epoch)
     return digest
 
 
-def debootstrap_base(src: DebootstrapSource, store: BlobStore, *, name: str = "test-base",
-                     quiet: bool = False) -> BaseImage:
-    """The debootstrapped base for ``src``: built once per cache, then returned instantly."""
-    mirror = src.mirror or apt_mirror()
-    key = _base_key(src, mirror)
+def cached_base(store: BlobStore, key: str, name: str,
+                make: Callable[[Path], str]) -> BaseImage:
+    """The base recorded under ``<cache>/bases/<key>.json``, else ``make(layout)``'s, recorded.
+
+    One maker per key at a time (parallel test workers would otherwise build it twice).
+    """
     bases = store.root / "bases"
     record = bases / f"{key}.json"
     layout = bases / key
@@ -212,9 +233,20 @@ def debootstrap_base(src: DebootstrapSource, store: BlobStore, *, name: str = "t
                 base = BaseImage.model_validate_json(record.read_text())
                 if layout_manifests(base.layout)[0]["digest"] == base.digest:
                     return base
+        base = BaseImage(name=name, layout=layout, digest=make(layout))
+        write_atomic(record, base.model_dump_json())
+        return base
+
+
+def debootstrap_base(src: DebootstrapSource, store: BlobStore, *, name: str = "test-base",
+                     quiet: bool = False) -> BaseImage:
+    """The debootstrapped base for ``src``: built once per cache, then returned instantly."""
+    mirror = src.mirror or apt_mirror(suite=src.suite)
+
+    def make(layout: Path) -> str:
         if shutil.which("debootstrap") is None:
             raise FrankError("debootstrap is not installed; apt-get install debootstrap "
-                             "(needed to make the test base image)")
+                             "(needed to make a [debootstrap] base image)")
         from rich.console import Console
 
         console = Console(stderr=True, quiet=quiet)
@@ -230,18 +262,19 @@ def debootstrap_base(src: DebootstrapSource, store: BlobStore, *, name: str = "t
                 tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or ["?"]
                 raise FrankError(f"debootstrap failed (exit {proc.returncode}): {tail[0]}")
             with console.status("importing the rootfs as an OCI layout"):
-                digest = layout_from_rootfs(rootfs, store, layout, epoch=0,
-                                            created_by=" ".join(cmd[:-2]))
-        base = BaseImage(name=name, layout=layout, digest=digest)
-        tmp_rec = record.with_suffix(".json.tmp")
-        tmp_rec.write_text(base.model_dump_json())
-        tmp_rec.replace(record)
-        return base
+                return layout_from_rootfs(rootfs, store, layout, epoch=0,
+                                          created_by=" ".join(cmd[:-2]))
+
+    return cached_base(store, _base_key(src, mirror), name, make)
 
 
 def resolve_base(path: Path, store: BlobStore, *, quiet: bool = False) -> BaseImage:
     """The local layout and pinned digest for ``images/<name>.toml``."""
     img = load_image_file(path)
+    if img.debs is not None:
+        from frank.image.debs.build import debs_base
+
+        return debs_base(img.debs, path, store, name=img.name, quiet=quiet)
     if img.debootstrap is not None:
         return debootstrap_base(img.debootstrap, store, name=img.name, quiet=quiet)
     assert img.ref is not None
