@@ -4,13 +4,17 @@ The stack file is edited with tomlkit so the person's comments and order stay. W
 part was set decides the edit: a part this file adds or lists is dropped or re-versioned
 in place; a part inherited from the parent is taken out with ``remove`` or moved with
 ``replace``. The new stack is resolved before anything is written; then the stack file,
-its lock and a history entry are written, each atomically.
+its lock, a history entry and the locks of the stacks that extend it are written as one
+journaled change (``journal.Transaction``), so a kill leaves all of it old or all new. The
+caller holds the repo lock (``repolock.repo_lock``) from planning to writing, so two
+reverts at once take turns and neither is lost.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,10 +24,11 @@ from tomlkit.items import Array, Table
 
 from frank.catalog import Catalog
 from frank.errors import FrankError
-from frank.fsutil import write_atomic
-from frank.lock import Lock, build_lock, lock_path, write_lock
+from frank.journal import Transaction
+from frank.lock import Lock, build_lock, lock_path, render_lock, write_lock
 from frank.resolve import resolve
 from frank.stack import load_stack
+from frank.stackfiles import TEMP_MARK, stack_files
 
 
 @dataclass
@@ -109,17 +114,26 @@ def plan_revert(stack_file: Path, part: str, root: Path) -> RevertResult:
     new_text = edit_stack(old_text, stack.path, part, origin, revert.action, revert.to,
                           parent_version)
     old_lock = build_lock(resolve(stack_file, root, catalog))
-    # Resolve the edited stack from a temp file beside the original (same relative paths).
-    tmp = stack_file.with_name(f".{stack_file.stem}.revert.toml")
-    try:
-        tmp.write_text(new_text, encoding="utf-8")
-        new_lock = build_lock(resolve(tmp, root, catalog))
-    finally:
-        tmp.unlink(missing_ok=True)
+    new_lock = lock_text(stack_file, new_text, root, catalog, "revert")
     new_lock = new_lock.model_copy(update={"stack": stack.name})
     return RevertResult(part=part, action=revert.action, old_version=stack.parts[part],
                         new_version=revert.to, stack_text=new_text, old_text=old_text,
                         lock=new_lock, old_lock=old_lock)
+
+
+def lock_text(stack_file: Path, text: str, root: Path, catalog: Catalog, why: str) -> Lock:
+    """Lock ``text`` as if it were ``stack_file``'s content, writing only a temp file.
+
+    The temp file sits beside the stack (its ``extends`` is relative) under a name no
+    command takes for a stack (``stackfiles.TEMP_MARK``); one a kill leaves is removed
+    under the repo lock.
+    """
+    with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=stack_file.parent,
+                                     prefix=f"{stack_file.stem}{TEMP_MARK}{why}-",
+                                     suffix=".toml") as tmp:
+        tmp.write(text)
+        tmp.flush()
+        return build_lock(resolve(Path(tmp.name), root, catalog))
 
 
 def history_path(stack_file: Path) -> Path:
@@ -135,7 +149,7 @@ def relock_dependents(stack_file: Path, root: Path) -> list[tuple[str, str]]:
     """
     out = []
     target = stack_file.resolve()
-    for other in sorted((root / "stacks").glob("*.toml")):
+    for other in stack_files(root):
         if other.resolve() == target:
             continue
         try:
@@ -152,16 +166,35 @@ def relock_dependents(stack_file: Path, root: Path) -> list[tuple[str, str]]:
     return out
 
 
-def apply_revert(stack_file: Path, result: RevertResult, why: str | None) -> None:
-    """Write the stack file, its lock and one history line."""
-    entry = {
+def history_entry(action: str, part: str, old: str | None, new: str | None, why: str | None,
+                  before: Lock, after: Lock, text_before: str) -> dict[str, Any]:
+    """One history line; ``text_before`` is the stack's text before, for `revert --undo`."""
+    return {
         "time": dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat(),
-        "action": f"revert:{result.action}", "part": result.part,
-        "from": result.old_version, "to": result.new_version, "why": why,
-        "digest_before": result.old_lock.digest, "digest_after": result.lock.digest,
+        "action": action, "part": part, "from": old, "to": new, "why": why,
+        "digest_before": before.digest, "digest_after": after.digest,
+        "text_before": text_before,
     }
+
+
+def stage_stack_change(txn: Transaction, stack_file: Path, text: str, lock: Lock,
+                       entry: dict[str, Any]) -> None:
+    """Stage the stack's new text, its lock, one history line and its dependents' relock."""
     hist = history_path(stack_file)
     old = hist.read_text(encoding="utf-8") if hist.is_file() else ""
-    write_atomic(stack_file, result.stack_text)
-    write_lock(result.lock, lock_path(stack_file))
-    write_atomic(hist, old + json.dumps(entry, sort_keys=True) + "\n")
+    txn.write(stack_file, text)
+    txn.write(lock_path(stack_file), render_lock(lock))
+    txn.write(hist, old + json.dumps(entry, sort_keys=True) + "\n")
+    txn.relock_dependents_of(stack_file)
+
+
+def apply_revert(stack_file: Path, result: RevertResult, why: str | None,
+                 root: Path) -> list[tuple[str, str]]:
+    """Write the stack file, its lock, one history line and the dependents' locks as one
+    change; returns what relocking each dependent did."""
+    entry = history_entry(f"revert:{result.action}", result.part, result.old_version,
+                          result.new_version, why, result.old_lock, result.lock,
+                          result.old_text)
+    txn = Transaction(root)
+    stage_stack_change(txn, stack_file, result.stack_text, result.lock, entry)
+    return txn.commit()

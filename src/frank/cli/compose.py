@@ -9,8 +9,10 @@ import click
 from frank.cli.output import emit_json, json_option
 from frank.errors import FrankError
 from frank.lock import render_lock, write_lock
+from frank.outdir import staged_output
 from frank.plan import build_plan
-from frank.project import lock_stack
+from frank.project import lock_stack, repo_root_for, stack_path
+from frank.repolock import repo_lock
 
 
 @click.command()
@@ -29,36 +31,39 @@ def compose(stack: str, out_dir: Path | None, locked: bool, builder: str,
     from rich.console import Console
 
     console = Console(stderr=True, quiet=as_json)
-    with console.status("resolving and hashing inputs"):
-        result = lock_stack(stack)
-    lock_file = result.lock_file
-    if locked:
-        current = lock_file.read_text(encoding="utf-8") if lock_file.is_file() else None
-        if current != render_lock(result.lock):
-            raise FrankError("lock is missing or out of date (run `frank lock`)",
-                             file=lock_file, field="--locked")
-    else:
-        write_lock(result.lock, lock_file)
+    top = repo_root_for(Path(stack) if stack.endswith(".toml") else None)
+    with repo_lock(repo_root_for(stack_path(stack, top))):  # the stack and its lock agree
+        with console.status("resolving and hashing inputs"):
+            result = lock_stack(stack)
+        lock_file = result.lock_file
+        if locked:
+            current = lock_file.read_text(encoding="utf-8") if lock_file.is_file() else None
+            if current != render_lock(result.lock):
+                raise FrankError("lock is missing or out of date (run `frank lock`)",
+                                 file=lock_file, field="--locked")
+        else:
+            write_lock(result.lock, lock_file)
     root = result.resolved.root
     plan = build_plan(result.lock, root)
-    out = out_dir or root / "out" / result.lock.stack
-    with console.status(f"writing build context to {out}"):
-        from frank.context import write_context
-
-        write_context(plan, result.lock, root, out)
+    out = (out_dir or root / "out" / result.lock.stack).absolute()
     built = None
-    if builder != "none":
-        from frank.build import build
+    with staged_output(out) as stage:  # the old output stays whole until this one is
+        with console.status(f"writing build context to {out}"):
+            from frank.context import write_context
 
-        with console.status(f"building the image ({builder})"):
-            built = build(plan, root, out, builder)  # type: ignore[arg-type]
+            write_context(plan, result.lock, root, stage)
+        if builder != "none":
+            from frank.build import build
+
+            with console.status(f"building the image ({builder})"):
+                built = build(plan, root, stage, builder)  # type: ignore[arg-type]
     summary = {
         "stack": result.lock.stack, "lock": str(lock_file), "digest": result.lock.digest,
         "out": str(out), "engine": plan.engine.model_dump() if plan.engine else None,
         "needs_run": plan.needs_run,
         "layers": [{"index": x.index, "name": x.name, "key": x.key} for x in plan.layers],
         "image": None if built is None else {
-            "digest": built.digest, "layout": str(built.layout), "builder": built.builder,
+            "digest": built.digest, "layout": str(out / "image"), "builder": built.builder,
             "why": built.why, "layers_built": built.layers_built,
             "layers_reused": built.layers_reused},
     }
@@ -72,6 +77,6 @@ def compose(stack: str, out_dir: Path | None, locked: bool, builder: str,
         click.echo(f"  layer {layer.index:2d} {layer.name:28s} {layer.key[:16]}")
     click.echo(f"wrote {out}/plan.json and {out}/context/Dockerfile")
     if built is not None:
-        click.echo(f"image {built.digest} in {built.layout} (builder {built.builder}: "
+        click.echo(f"image {built.digest} in {out / 'image'} (builder {built.builder}: "
                    f"{built.why}; {built.layers_built} layers built, "
                    f"{built.layers_reused} reused)")

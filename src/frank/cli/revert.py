@@ -1,4 +1,7 @@
-"""`frank revert PART`: one step back, as the part's manifest says; rebuilds nothing."""
+"""`frank revert PART`: one step back, as the part's manifest says; rebuilds nothing.
+
+`frank revert --undo` takes the stack's last revert back (from its history file).
+"""
 
 from __future__ import annotations
 
@@ -9,41 +12,67 @@ import click
 
 from frank.cli.output import emit_json, json_option
 from frank.diff import diff_locks
+from frank.errors import FrankError
 from frank.project import repo_root_for, stack_path
-from frank.revert import apply_revert, plan_revert, relock_dependents
+from frank.repolock import repo_lock
+from frank.revert import apply_revert, plan_revert
 
 
 @click.command()
-@click.argument("part")
+@click.argument("part", required=False)
 @click.option("--stack", "stack_arg", default="stacks/served.toml", show_default=True)
 @click.option("--why", default=None, help="Reason, kept in the stack's history.")
+@click.option("--undo", is_flag=True,
+              help="Take back the stack's last revert (the history keeps its earlier text).")
 @click.option("--dry-run", is_flag=True, help="Show the change; write nothing.")
 @json_option
-def revert(part: str, stack_arg: str, why: str | None, dry_run: bool, as_json: bool) -> None:
+def revert(part: str | None, stack_arg: str, why: str | None, undo: bool, dry_run: bool,
+           as_json: bool) -> None:
     """Take PART one step back in STACK: remove it or return it to its earlier version."""
+    if undo == (part is not None):
+        raise FrankError("give a PART to revert, or --undo (without a part) to take the "
+                         "last revert back", field="PART")
     root = repo_root_for()
     path = stack_path(stack_arg, root)
     root = repo_root_for(path)
-    result = plan_revert(path, part, root)
     dependents: list[tuple[str, str]] = []
-    if not dry_run:
-        apply_revert(path, result, why)
-        dependents = relock_dependents(path, root)
-    changes = diff_locks(result.old_lock, result.lock, root)
+    with repo_lock(root):  # plan and write in one turn: a concurrent revert waits
+        if undo:
+            from frank.undo import apply_undo, plan_undo
+
+            done = plan_undo(path, root)
+            e = done.entry
+            part = str(e.get("part"))
+            action, old, new = "undo", e.get("to"), e.get("from")
+            if not dry_run:
+                dependents = apply_undo(path, done, root)
+        else:
+            assert part is not None
+            result = plan_revert(path, part, root)
+            done = result  # type: ignore[assignment]
+            action, old, new = result.action, result.old_version, result.new_version
+            if not dry_run:
+                dependents = apply_revert(path, result, why, root)
+    changes = diff_locks(done.old_lock, done.lock, root)
     if as_json:
-        emit_json({"part": part, "action": result.action, "from": result.old_version,
-                   "to": result.new_version, "dry_run": dry_run,
-                   "digest_before": result.old_lock.digest, "digest_after": result.lock.digest,
-                   "diff": changes, "dependents": dict(dependents)})
+        emit_json({"part": part, "action": action, "from": old, "to": new,
+                   "dry_run": dry_run, "digest_before": done.old_lock.digest,
+                   "digest_after": done.lock.digest, "diff": changes,
+                   "dependents": dict(dependents)})
         return
     rel = path.relative_to(root) if path.is_relative_to(root) else Path(stack_arg)
     click.echo("".join(difflib.unified_diff(
-        result.old_text.splitlines(keepends=True), result.stack_text.splitlines(keepends=True),
+        done.old_text.splitlines(keepends=True), done.stack_text.splitlines(keepends=True),
         f"a/{rel}", f"b/{rel}")), nl=False)
-    target = "removed" if result.action == "remove" else f"back to {result.new_version}"
     verb = "would be" if dry_run else "is"
-    click.echo(f"{part} {result.old_version} {verb} {target}; "
-               f"digest {result.old_lock.digest[:19]} -> {result.lock.digest[:19]}")
+    if action == "undo":
+        target = "back" if old is None else f"back to {new}"
+        click.echo(f"{part} {verb} {target} (undoing its revert); "
+                   f"digest {done.old_lock.digest[:19]} -> {done.lock.digest[:19]}")
+    else:
+        target = "removed" if action == "remove" else f"back to {new}"
+        click.echo(f"{part} {old} {verb} {target}; "
+                   f"digest {done.old_lock.digest[:19]} -> {done.lock.digest[:19]}")
     for layer in changes["layers"]:
         if layer["state"] != "same":
             click.echo(f"  layer {layer['layer']}: {layer['state']}")

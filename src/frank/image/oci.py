@@ -324,18 +324,37 @@ def write_layout(store: BlobStore, out: Path, index_raw: bytes, blobs: list[str]
 
     File modes are fixed (0644/0755) and mtimes set to ``epoch`` so two layouts of the same
     image are identical to the metadata, whatever the umask or the clock (diffoscope checks
-    both). Every blob is verified in the store first. If ``out`` already holds exactly this
-    layout, untouched since frank wrote it (same stat stamps, see ``BlobStore``), nothing is
-    copied: a no-op rebuild of a multi-gigabyte image costs a few stats.
+    both). Every blob copied out is hashed in full, whatever ``FRANK_VERIFY`` says: a stamp
+    trusts a blob whose stat is unchanged, and what goes out must be the bytes named. If the
+    output already holds exactly this layout, untouched since frank wrote it (same stat
+    stamps, see ``BlobStore``), nothing is copied: a no-op rebuild of a multi-gigabyte image
+    costs a few stats. ``out`` may be inside a compose's stage (``frank.outdir``): the
+    output it will become is the one checked and recorded, and a current one is left to be
+    carried over (nothing is written to the stage then).
     """
+    from frank.outdir import final_path
+
     out = out.absolute()
+    final = final_path(out)
     wanted = list(dict.fromkeys(blobs))
     sources = {d: store.verified_path(d) for d in wanted}
-    record = _output_record_path(store, out)
+    record = _output_record_path(store, final)
     with record.with_suffix(".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two builds into one output take turns
-        if not _output_is_current(out, index_raw, wanted, record):
+        if not _output_is_current(final, index_raw, wanted, record):
             _write_layout_locked(store, out, index_raw, sources, record, epoch)
+        elif final != out:
+            shutil.rmtree(out, ignore_errors=True)  # the output in place is carried over
+
+
+def _copy_verified(store: BlobStore, digest: str, src: Path, dest: Path) -> None:
+    """Copy a blob out of the store and hash the copy: a mismatch is moved aside, an error."""
+    shutil.copyfile(src, dest)
+    actual = sha256_file(dest)
+    if actual != digest:
+        store._quarantine(src)
+        raise FrankError(f"cached blob does not match its digest {digest} (content is "
+                         f"{actual}); it was moved aside, rebuild to re-create it", file=src)
 
 
 def _write_layout_locked(store: BlobStore, out: Path, index_raw: bytes,
@@ -347,7 +366,7 @@ def _write_layout_locked(store: BlobStore, out: Path, index_raw: bytes,
         bdir = tmp / "blobs" / "sha256"
         bdir.mkdir(parents=True)
         for digest, src in sources.items():
-            shutil.copyfile(src, bdir / digest.split(":", 1)[1])
+            _copy_verified(store, digest, src, bdir / digest.split(":", 1)[1])
         (tmp / "oci-layout").write_bytes(canonical_json({"imageLayoutVersion": "1.0.0"}))
         (tmp / "index.json").write_bytes(index_raw)
         for p in bdir.iterdir():

@@ -9,7 +9,17 @@ Re-hashing multi-gigabyte layers on every no-op rebuild would dominate its time,
 hash is remembered as a stamp of (size, inode, mtime_ns, ctime_ns). Any write to the blob
 changes ctime, which userland cannot set back, so a blob whose stat still matches its stamp
 is the blob that was hashed. ``FRANK_VERIFY=full`` (or ``BlobStore(full_verify=True)``)
-re-hashes on every read anyway.
+re-hashes on every read anyway. What goes out into an image layout is hashed in full in
+every mode (``oci.write_layout``): a stamp cannot see a disk that flips bits in place.
+
+The layer index maps a layer key to a blob. An entry names its own key, and the blob keeps
+a record of each key it was made for (``layer-keys/<blob>-<key>``): an entry copied from
+another key, or edited to point at another blob, is a miss (the layer is made again), not
+an image with another layer's content in it.
+
+Temp files live in ``<root>/tmp``. Every process using the store holds ``users.lock``
+shared; the first one to find it free takes it exclusively and removes what killed
+processes left in ``tmp/``, since nobody else can be writing there then.
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -116,6 +127,9 @@ class BlobStore:
         self.full_verify = full_verify
         self.stats = StoreStats()
         self._verified: dict[str, tuple[int, int, int, int]] = {}
+        self.key_dir = self.root / "layer-keys"
+        self.key_dir.mkdir(exist_ok=True)
+        _join_users(self.root, self.tmp_dir)
 
     # -- paths -------------------------------------------------------------------------------
     def path(self, digest: str) -> Path:
@@ -272,24 +286,62 @@ class BlobStore:
             raise FrankError(f"layer key is not a sha256 hex string: {key!r}")
         return self.layer_dir / key
 
+    def _key_record(self, digest: str, key: str) -> Path:
+        return self.key_dir / f"{digest.split(':', 1)[1]}-{key}"
+
     def get_layer(self, key: str) -> LayerRecord | None:
-        """The indexed layer for ``key`` if its blob is still present, else None."""
+        """The indexed layer for ``key`` if its blob is still present and was made for
+        ``key``, else None (an entry that fails is dropped: it only costs a re-tar)."""
         p = self._layer_path(key)
         try:
-            rec = LayerRecord.model_validate_json(p.read_text())
+            doc = json.loads(p.read_bytes())
+            if not isinstance(doc, dict) or doc.get("key") != key:
+                raise ValueError("index entry filed under another key")
+            rec = LayerRecord.model_validate(doc.get("record"))
+            check_digest(rec.digest)
         except FileNotFoundError:
             return None
-        except (ValidationError, OSError):
+        except (ValueError, ValidationError, OSError, FrankError):
             with contextlib.suppress(OSError):
-                p.unlink()  # an unreadable index entry only costs a re-tar
+                p.unlink()
             return None
         if not self.has(rec.digest):
+            return None
+        if not self._key_record(rec.digest, key).is_file():
+            with contextlib.suppress(OSError):
+                p.unlink()  # the blob was never made for this key
             return None
         return rec
 
     def put_layer(self, key: str, rec: LayerRecord) -> None:
-        """Remember that layer ``key`` is blob ``rec.digest``."""
-        self._atomic_write(self._layer_path(key), rec.model_dump_json().encode())
+        """Remember that layer ``key`` is blob ``rec.digest`` (on both sides)."""
+        self._atomic_write(self._key_record(rec.digest, self._layer_path(key).name),
+                           key.encode())
+        doc = {"key": key, "record": rec.model_dump(mode="json")}
+        self._atomic_write(self._layer_path(key), json.dumps(doc, sort_keys=True).encode())
+
+
+# cache root -> the fd holding its users.lock shared, for the life of the process
+_USERS: dict[Path, int] = {}
+
+
+def _join_users(root: Path, tmp_dir: Path) -> None:
+    """Hold ``users.lock`` shared; first clear ``tmp_dir`` if no other process holds it."""
+    from frank.flock import relock, try_exclusive
+
+    key = root.resolve()
+    if key in _USERS:
+        return
+    fd = os.open(root / "users.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    if try_exclusive(fd):
+        for entry in tmp_dir.iterdir():
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+    relock(fd, shared=True)
+    _USERS[key] = fd
 
 
 class BlobWriter(_HashingWriter):

@@ -9,7 +9,6 @@ checks out.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import tomllib
 from dataclasses import dataclass
@@ -22,12 +21,15 @@ from pydantic import ValidationError
 from frank.catalog import Catalog
 from frank.errors import FrankError
 from frank.fsutil import write_atomic
+from frank.journal import Transaction
 from frank.kinds import PART_ADAPTER
-from frank.lock import build_lock, lock_path, write_lock
+from frank.lock import Lock, build_lock, lock_path
 from frank.project import stack_path
+from frank.repolock import repo_lock
 from frank.resolve import resolve
-from frank.revert import edit_stack, history_path, plan_revert
+from frank.revert import edit_stack, history_entry, plan_revert, stage_stack_change
 from frank.stack import load_stack
+from frank.stackfiles import TEMP_MARK, stack_files
 from frank.tomlio import validation_to_error
 from frank.trial.decide import Decision, decide_file
 from frank.trial.model import Trial, repo_of
@@ -161,9 +163,34 @@ def adopt(trial_file: Path, into: str, *, rejected: bool = False) -> str:
                f"{decision.outcome.p_exact}){where}"
 
     stack_file = _served_file(into, root)
+    with repo_lock(root):  # read the stack and write it back in one turn
+        new_lock, new_text, old_lock = _checked_adoption(stack_file, change, trial, root,
+                                                         catalog, manifest)
+        entry = history_entry(f"adopt:{change.action}", change.part, change.old, change.new,
+                              f"trial {trial.name} {digest}: {decision.summary()}", old_lock,
+                              new_lock, stack_file.read_text(encoding="utf-8"))
+        txn = Transaction(root)
+        for path, text in writes:
+            txn.write(path, text)
+        stage_stack_change(txn, stack_file, new_text, new_lock, entry)
+        txn.commit()
+    stale = _stale_locks(root, change.part, stack_file)
+    note = (f"; {len(stale)} other lock(s) list {change.part} with its old manifest "
+            f"({', '.join(stale)}): run `frank lock` on them (digests are unchanged)"
+            if stale else "")
+    return (f"{trial.name}: adopt ({decision.outcome.statistic}, p = "
+            f"{decision.outcome.p_exact}); {change.part} {change.action} into "
+            f"{stack_file.relative_to(root)}; digest {old_lock.digest[:19]} -> "
+            f"{new_lock.digest[:19]}{note}")
+
+
+def _checked_adoption(stack_file: Path, change: Change, trial: Trial, root: Path,
+                      catalog: Catalog, manifest: Path) -> tuple[Lock, str, Lock]:
+    """(new lock, new stack text, old lock) once adopting is known to be exactly arm B
+    and the part's revert still leads back."""
     old_lock = build_lock(resolve(stack_file, root, catalog))
     new_text = _new_stack(stack_file, change, root)
-    tmp = stack_file.with_name(f".{stack_file.stem}.adopt.toml")
+    tmp = stack_file.with_name(f"{stack_file.stem}{TEMP_MARK}adopt.toml")
     try:
         tmp.write_text(new_text, encoding="utf-8")
         new_lock = build_lock(resolve(tmp, root, catalog))
@@ -187,32 +214,14 @@ def adopt(trial_file: Path, into: str, *, rejected: bool = False) -> str:
         raise FrankError(f"{stack_file.name} is arm A, but adopting would lock it to "
                          f"{new_lock.digest}, not the measured arm B {trial.arms.B.digest}",
                          file=stack_file)
-    entry = {"time": dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat(),
-             "action": f"adopt:{change.action}", "part": change.part, "from": change.old,
-             "to": change.new, "why": f"trial {trial.name} {digest}: {decision.summary()}",
-             "digest_before": old_lock.digest, "digest_after": new_lock.digest}
-    hist = history_path(stack_file)
-    old_hist = hist.read_text(encoding="utf-8") if hist.is_file() else ""
-    for path, text in writes:
-        write_atomic(path, text)
-    write_atomic(stack_file, new_text)
-    write_lock(new_lock, lock_path(stack_file))
-    write_atomic(hist, old_hist + json.dumps(entry, sort_keys=True) + "\n")
-    stale = _stale_locks(root, change.part, stack_file)
-    note = (f"; {len(stale)} other lock(s) list {change.part} with its old manifest "
-            f"({', '.join(stale)}): run `frank lock` on them (digests are unchanged)"
-            if stale else "")
-    return (f"{trial.name}: adopt ({decision.outcome.statistic}, p = "
-            f"{decision.outcome.p_exact}); {change.part} {change.action} into "
-            f"{stack_file.relative_to(root)}; digest {old_lock.digest[:19]} -> "
-            f"{new_lock.digest[:19]}{note}")
+    return new_lock, new_text, old_lock
 
 
 def _stale_locks(root: Path, part: str, served: Path) -> list[str]:
     """Lock files (other than the served stack's) that hold ``part``: their manifest hash
     and status are now out of date, though the status is not in any digest."""
     out = []
-    for lock in sorted((root / "stacks").glob("*.lock")):
+    for lock in stack_files(root, ".lock"):
         if lock == lock_path(served):
             continue
         try:
