@@ -101,13 +101,19 @@ def plain(path: str) -> str:
     return path
 
 
+SECRET_MOUNTS = ("--mount=type=secret,id=frank-ca,target=/etc/ssl/certs/ca-certificates.crt "
+                 "--mount=type=secret,id=frank-pip,target=/etc/pip.conf")
+
+
 def run_instruction(steps: list[str]) -> str:
     """One RUN of shell steps joined by ``&&``; a step holding a newline would end the RUN
     and start an instruction of its own, so it is refused."""
     for step in steps:
         if CONTROL_CHARS.search(step):
             raise FrankError(f"a build step holds a control character: {step!r}")
-    return "RUN " + " \\\n && ".join(steps)
+    # The host's CA bundle and index settings reach pip as build secrets: mounted for the
+    # step only, never stored in a layer (a TLS-intercepting proxy needs the CA).
+    return f"RUN {SECRET_MOUNTS} " + " \\\n && ".join(steps)
 
 
 def pip_step(dest: str) -> str:

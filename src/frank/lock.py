@@ -53,6 +53,9 @@ class Lock(Strict):
     parts: list[LockedPart]
     # the stack's Python closure: pylock file (repo-relative), its sha256, the request hash
     python_closure: dict[str, str] | None = None
+    # build steps that run a command inside the image (a container engine, the network):
+    # recorded so that an impure image is never mistaken for a hermetic one
+    impure: list[str] = []
 
     def part(self, name: str) -> LockedPart | None:
         """The locked part of that name, if present."""
@@ -62,6 +65,27 @@ class Lock(Strict):
 def lock_path(stack_path: Path) -> Path:
     """The lock lives next to its stack: ``stacks/served.toml`` -> ``stacks/served.lock``."""
     return stack_path.with_suffix(".lock")
+
+
+def impure_steps(resolved: Resolved) -> list[str]:
+    """The parts whose build must run commands inside the image, and why."""
+    from frank.kinds.engine import EngineBase
+    from frank.kinds.package import Package
+    from frank.kinds.patch import Patch
+
+    parts = [rp.manifest.part for rp in resolved.parts]
+    compiled = [p.name for p in parts if isinstance(p, Patch) and p.touches_compiled]
+    out = []
+    for part in parts:
+        if isinstance(part, EngineBase) and part.image is None:
+            if compiled:
+                out.append(f"engine:{part.name}: source build ({', '.join(compiled)} "
+                           "touch compiled code)")
+            elif part.wheel is None:
+                out.append(f"engine:{part.name}: vLLM's precompiled path (no release wheel)")
+        if isinstance(part, Package) and part.git is not None:
+            out.append(f"package:{part.name}: wheel built from git inside the image")
+    return out
 
 
 def build_lock(resolved: Resolved, python_closure: dict[str, str] | None = None) -> Lock:
@@ -90,9 +114,12 @@ def build_lock(resolved: Resolved, python_closure: dict[str, str] | None = None)
     doc = {**body, "parts": digest_parts, "lock_version": LOCK_VERSION}
     if python_closure is not None:
         doc["python_closure"] = python_closure
+    impure = impure_steps(resolved)
+    if impure:
+        doc["impure"] = impure
     digest = "sha256:" + sha256_json(doc)
     return Lock(lock_version=LOCK_VERSION, stack=resolved.stack.name, digest=digest,
-                parts=parts, python_closure=python_closure, **body)
+                parts=parts, python_closure=python_closure, impure=impure, **body)
 
 
 def render_lock(lock: Lock) -> str:

@@ -8,7 +8,7 @@ import click
 
 from frank.cli.output import emit_json, json_option
 from frank.errors import FrankError
-from frank.lock import render_lock, write_lock
+from frank.lock import lock_is_current, render_lock, write_lock
 from frank.outdir import staged_output
 from frank.plan import build_plan
 from frank.project import lock_stack, repo_root_for, stack_path
@@ -24,9 +24,13 @@ from frank.repolock import repo_lock
                                               "none"]), default="auto", show_default=True,
               help="auto: embedded daemonless builder unless a layer runs commands; "
                    "none: write the plan and context only.")
+@click.option("--mirror", "mirrors", multiple=True,
+              type=click.Path(path_type=Path, file_okay=False),
+              help="A folder of pinned files named by their sha256, consulted before the "
+                   "network (also FRANK_MIRROR); for air-gapped builds.")
 @json_option
 def compose(stack: str, out_dir: Path | None, locked: bool, builder: str,
-            as_json: bool) -> None:
+            mirrors: tuple[Path, ...], as_json: bool) -> None:
     """Resolve STACK, lock it, plan its layers, write the build context, build the image."""
     from rich.console import Console
 
@@ -34,11 +38,10 @@ def compose(stack: str, out_dir: Path | None, locked: bool, builder: str,
     top = repo_root_for(Path(stack) if stack.endswith(".toml") else None)
     with repo_lock(repo_root_for(stack_path(stack, top))):  # the stack and its lock agree
         with console.status("resolving and hashing inputs"):
-            result = lock_stack(stack)
+            result = lock_stack(stack, closure="use" if locked else "resolve")
         lock_file = result.lock_file
         if locked:
-            current = lock_file.read_text(encoding="utf-8") if lock_file.is_file() else None
-            if current != render_lock(result.lock):
+            if not lock_is_current(lock_file, render_lock(result.lock)):
                 raise FrankError("lock is missing or out of date (run `frank lock`)",
                                  file=lock_file, field="--locked")
         else:
@@ -55,8 +58,9 @@ def compose(stack: str, out_dir: Path | None, locked: bool, builder: str,
         if builder != "none":
             from frank.build import build
 
-            with console.status(f"building the image ({builder})"):
-                built = build(plan, root, stage, builder)  # type: ignore[arg-type]
+            console.print(f"building the image ({builder})")  # build shows its own progress
+            built = build(plan, root, stage, builder,  # type: ignore[arg-type]
+                          mirrors=mirrors, quiet=as_json)
     summary = {
         "stack": result.lock.stack, "lock": str(lock_file), "digest": result.lock.digest,
         "out": str(out), "engine": plan.engine.model_dump() if plan.engine else None,

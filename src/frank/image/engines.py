@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -114,6 +116,61 @@ def _run(args: list[str], what: str, *, input_text: str | None = None,
     return proc
 
 
+# Lines of a build log that say why it failed, best first.
+_WHY = re.compile(r"CERTIFICATE_VERIFY_FAILED|No matching distribution|ERROR|[Ee]rror[: ]|"
+                  r"[Ff]ailed|not found|No such file")
+
+
+def build_secrets(folder: Path) -> dict[str, Path]:
+    """The host's CA bundle and an index-only pip.conf, as files for ``--secret``."""
+    from frank.fetch import ca_bundle
+
+    ca = folder / "ca.crt"
+    bundle = ca_bundle()
+    ca.write_bytes(Path(bundle).read_bytes() if bundle else b"")
+    lines = ["[global]", "cert = /etc/ssl/certs/ca-certificates.crt"]
+    proc = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True,
+                          text=True, check=False)
+    for line in proc.stdout.splitlines():  # only indexes on the network reach a container
+        key, _, value = line.partition("=")
+        if key.endswith(("index-url", "extra-index-url")):
+            urls = [u for u in value.strip("'\"").split() if u.startswith(("http://", "https://"))]
+            if urls:
+                lines.append(f"{key.split('.')[-1]} = {' '.join(urls)}")
+    pip = folder / "pip.conf"
+    pip.write_text("\n".join(lines) + "\n")
+    return {"frank-ca": ca, "frank-pip": pip}
+
+
+def run_logged(args: list[str], what: str, *, log: Path, timeout: float | None = None) -> None:
+    """Run a build, streaming its output to ``log`` and a progress line; a failure names the
+    log and quotes the lines that say why."""
+    import time
+
+    from rich.console import Console
+
+    log.parent.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    with log.open("a", encoding="utf-8") as out, \
+            Console(stderr=True).status(what) as status:
+        out.write("$ " + " ".join(args) + "\n")
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, errors="replace")
+        assert proc.stdout is not None
+        tail: list[str] = []
+        for line in proc.stdout:
+            out.write(line)
+            tail = [*tail[-199:], line.rstrip()]
+            status.update(f"{what}: {line.strip()[:100]}")
+            if timeout is not None and time.monotonic() - start > timeout:
+                proc.kill()
+                raise FrankError(f"{what} timed out after {timeout} s (log {log})")
+        code = proc.wait()
+    if code != 0:
+        why = [x.strip() for x in tail if _WHY.search(x)][-3:] or [x for x in tail if x][-1:]
+        raise FrankError(f"{what} failed (exit {code}): {' | '.join(why)} (log {log})")
+
+
 @contextlib.contextmanager
 def _oci_ref(layout: Path) -> Iterator[str]:
     """An ``oci:`` reference to ``layout`` through a symlink with a tame name.
@@ -167,6 +224,7 @@ def build_dockerfile(
     build_args: dict[str, str] | None = None,
     store: BlobStore | None = None,
     timeout: float | None = 3600,
+    log: Path | None = None,
 ) -> str:
     """Build ``context`` with ``engine`` and export it as an OCI layout; return its digest.
 
@@ -191,7 +249,11 @@ def build_dockerfile(
                "-f", str(dockerfile), "-t", tag]
     for k in sorted(args):
         cmd += ["--build-arg", f"{k}={args[k]}"]
-    _run([*cmd, str(context)], f"{engine.name} build of {context}", timeout=timeout)
+    with tempfile.TemporaryDirectory(prefix="frank-secrets-") as secrets:
+        for ident, path in build_secrets(Path(secrets)).items():
+            cmd += ["--secret", f"id={ident},src={path}"]
+        run_logged([*cmd, str(context)], f"{engine.name} build of {context}",
+                   log=log or context.parent / "build.log", timeout=timeout)
     out_layout = Path(out_layout).absolute()
     out_layout.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_layout.name}.tmp-", dir=out_layout.parent))

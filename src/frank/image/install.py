@@ -9,6 +9,7 @@ so two installs give identical trees; the layer writer fixes owners and mtimes.
 
 from __future__ import annotations
 
+import warnings
 import zipfile
 from pathlib import Path, PurePosixPath
 
@@ -42,7 +43,10 @@ def install_wheels(wheels: list[tuple[str, Path]], staging: Path, site: str) -> 
                                        overwrite_existing=True)
     for filename, path in wheels:
         try:
-            with zipfile.ZipFile(path) as zf:
+            with zipfile.ZipFile(path) as zf, warnings.catch_warnings():
+                # installer skips a wheel's stray __pycache__ files (numpy ships some) and
+                # warns; leaving them out is what we want, the warning is noise
+                warnings.simplefilter("ignore", RuntimeWarning)
                 zf.filename = filename  # WheelFile reads the name from it; the store's is a hash
                 install(WheelFile(zf), dest, {"INSTALLER": b"frank\n"})
         except (InstallerError, ValueError, OSError) as exc:
