@@ -1,4 +1,4 @@
-"""Fixtures for image tests: a tiny base layout, the debootstrapped test base, a local registry.
+"""Fixtures for image tests: a tiny base layout, the test base (pinned .debs), a local registry.
 
 The registry is Debian's ``docker-registry`` (distribution v2) on a free loopback port with
 its own config and storage, started once per session and stopped at the end.
@@ -32,7 +32,7 @@ def store(tmp_path: Path) -> BlobStore:
 
 @pytest.fixture(scope="session")
 def mini_base(tmp_path_factory: pytest.TempPathFactory) -> BaseImage:
-    """A tiny one-layer base (a few files), so most tests need no debootstrap."""
+    """A tiny one-layer base (a few files), so most tests need no Debian packages."""
     d = tmp_path_factory.mktemp("mini-base")
     root = d / "rootfs"
     (root / "etc").mkdir(parents=True)
@@ -47,9 +47,7 @@ def mini_base(tmp_path_factory: pytest.TempPathFactory) -> BaseImage:
 
 @pytest.fixture(scope="session")
 def test_base() -> BaseImage:
-    """The debootstrapped Debian base from images/test-base.toml, made once per cache."""
-    if shutil.which("debootstrap") is None:
-        pytest.skip("debootstrap not installed")
+    """The Debian base of images/test-base.toml (pinned .debs), made once per cache."""
     return resolve_base(REPO_ROOT / "images" / "test-base.toml", BlobStore(), quiet=True)
 
 

@@ -1,4 +1,4 @@
-"""images/*.toml: bases pinned by digest only; the debootstrapped test base is cached."""
+"""images/*.toml: bases pinned by digest only; the test base (pinned .debs) is cached."""
 
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ def test_registry_ref_is_pulled_once(tmp_path: Path, mini_base: BaseImage,
 
 
 @pytest.mark.slow
-def test_debootstrap_base_is_cached(test_base: BaseImage) -> None:
+def test_test_base_is_cached(test_base: BaseImage) -> None:
     info = read_layout(test_base.layout)
     assert info.digest == test_base.digest
     t = time.monotonic()
