@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import Any
+
+from frank.errors import FrankError
 
 # Never part of a source tree's identity: caches a build or an editor leaves behind.
 IGNORED_NAMES = frozenset({"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", "build"})
@@ -44,33 +47,63 @@ def _git_listed(root: Path) -> list[Path] | None:
 
 
 def tree_files(root: Path) -> list[Path]:
-    """Files under ``root`` that belong to its content, sorted by relative POSIX path.
+    """Files and symlinks under ``root`` that belong to its content, sorted by relative
+    POSIX path.
 
     In a git work tree that is what git would commit (build outputs that .gitignore or
-    .git/info/exclude hide are not content); elsewhere every file, less caches.
+    .git/info/exclude hide are not content); elsewhere every file, less caches. A symlink is
+    content as a link (git stores it so, and so does a layer), never as what it points at,
+    and one that leads outside ``root`` is refused: its target would not be in the tree.
     """
     listed = _git_listed(root)
-    candidates = listed if listed is not None else list(root.rglob("*"))
+    candidates = listed if listed is not None else _walk(root)
     files = []
     for path in candidates:
         rel = path.relative_to(root)
         if any(p in IGNORED_NAMES or p.endswith(IGNORED_SUFFIXES) for p in rel.parts):
             continue
-        if path.is_file():
+        if path.is_symlink():
+            check_link_inside(path, root)
+            files.append(path)
+        elif path.is_file():
             files.append(path)
     return sorted(set(files), key=lambda p: p.relative_to(root).as_posix())
+
+
+def _walk(root: Path) -> list[Path]:
+    """Every file and symlink under ``root``; symlinked folders are listed, not entered."""
+    out = []
+    for folder, dirs, names in os.walk(root):
+        base = Path(folder)
+        out += [base / d for d in dirs if (base / d).is_symlink()]
+        out += [base / n for n in names]
+    return out
+
+
+def check_link_inside(link: Path, root: Path) -> None:
+    """Refuse a symlink whose target, followed all the way, is not inside ``root`` (an
+    absolute target is refused too: it names a place on this machine, not in the tree)."""
+    text = os.readlink(link)
+    if os.path.isabs(text) or not (link.parent / text).resolve().is_relative_to(root.resolve()):
+        raise FrankError(f"symlink {link.relative_to(root).as_posix()} -> {text} points "
+                         "outside its tree", file=link)
 
 
 def sha256_tree(root: Path) -> str:
     """Hash of a directory: relative paths, executable bits and file hashes, in sorted order.
 
     File names and modes are hashed with the bytes so that a rename or a lost +x changes it;
-    mtimes and owners are not, so two clones hash alike.
+    mtimes and owners are not, so two clones hash alike. A symlink is hashed as its target
+    text (mode ``l``), as a layer stores it.
     """
     lines = []
     for path in tree_files(root):
+        rel = path.relative_to(root).as_posix()
+        if path.is_symlink():
+            lines.append(f"{sha256_bytes(os.readlink(path).encode())} l {rel}\n")
+            continue
         mode = "x" if path.stat().st_mode & 0o111 else "-"
-        lines.append(f"{sha256_file(path)} {mode} {path.relative_to(root).as_posix()}\n")
+        lines.append(f"{sha256_file(path)} {mode} {rel}\n")
     return sha256_bytes("".join(lines).encode())
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from frank.catalog import Catalog, Manifest
 from frank.errors import FrankError
-from frank.kinds.base import FlagValue, PartContext
+from frank.kinds.base import FlagValue, PartContext, case_clash, check_flag_values
 from frank.kinds.engine import EngineBase
 from frank.kinds.patch import Patch
 from frank.stack import Stack, load_stack
@@ -184,4 +184,22 @@ def _merge_config(stack: Stack, parts: list[ResolvedPart]
                 raise FrankError(f"variable {key} is set by both {env_from[key]} and "
                                  f"{part.name}", file=rp.manifest.path, field="env")
             env[key], env_from[key] = val, part.name
+    _refuse_clashes(stack, flags, flag_from, "flag")
+    _refuse_clashes(stack, env, env_from, "variable")
+    try:
+        check_flag_values(flags)
+    except ValueError as exc:
+        raise FrankError(str(exc), file=stack.path, field="flags") from None
     return dict(sorted(flags.items())), dict(sorted(env.items()))
+
+
+def _refuse_clashes(stack: Stack, merged: dict[str, Any], source: dict[str, str],
+                    what: str) -> None:
+    """Two keys of the merged flags or env that differ only in case, from any two sources
+    (a parent stack and its child, a stack and a part): the engine would see one."""
+    clash = case_clash(merged)
+    if clash is not None:
+        a, b = clash
+        raise FrankError(f"{what}s {a!r} ({source[a]}) and {b!r} ({source[b]}) differ "
+                         "only in case",
+                         file=stack.path, field="flags" if what == "flag" else "env")

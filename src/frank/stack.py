@@ -20,19 +20,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 
 from frank.errors import FrankError
-from frank.kinds.base import FlagValue, Slug, Strict
-from frank.kinds.env import EnvName
+from frank.fsutil import find_repo_root
+from frank.kinds.base import (
+    FlagName,
+    FlagValue,
+    Slug,
+    Strict,
+    check_flag_values,
+    check_slug,
+    refuse_case_clash,
+)
+from frank.kinds.env import EnvName, EnvValue
 from frank.kinds.kernel import Arch
+from frank.pins import OneLine
 from frank.tomlio import read_toml, validation_to_error
+
+# How deep ``extends`` may go: far past any real stack, well short of a runaway chain.
+MAX_EXTENDS_DEPTH = 32
 
 
 class ModelSpec(Strict):
     """The model the stack serves (its weights come from a weights part)."""
 
-    name: str
+    name: OneLine
 
 
 class Target(Strict):
@@ -56,15 +69,29 @@ class StackFile(Strict):
     model: dict[str, Any] | None = None
     target: dict[str, Any] | None = None
     image: dict[str, Any] | None = None
-    command: list[str] | None = None  # engine command before the model; default vllm serve
-    flags: dict[str, FlagValue] = {}
-    env: dict[EnvName, str] = {}
+    # engine command before the model; default vllm serve (an empty list is refused)
+    command: list[OneLine] | None = Field(default=None, min_length=1)
+    flags: dict[FlagName, FlagValue] = {}
+    env: dict[EnvName, EnvValue] = {}
     parts: dict[Slug, Slug] | None = None
     add: dict[Slug, Slug] = {}
     remove: list[Slug] = []
     replace: dict[Slug, Slug] = {}
-    remove_flags: list[str] = []
-    remove_env: list[str] = []
+    remove_flags: list[FlagName] = []
+    remove_env: list[EnvName] = []
+
+    @field_validator("flags")
+    @classmethod
+    def _flags(cls, value: dict[str, FlagValue]) -> dict[str, FlagValue]:
+        check_flag_values(value)
+        refuse_case_clash(value, "flags")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        refuse_case_clash(value, "variables")
+        return value
 
 
 @dataclass
@@ -87,6 +114,10 @@ class Stack:
 
 def load_stack_file(path: Path) -> StackFile:
     """Parse and validate one stack file (no inheritance)."""
+    try:  # the file name becomes the stack's name: image labels, out/<name>, tags
+        check_slug(path.stem)
+    except ValueError as exc:
+        raise FrankError(f"the stack file's name: {exc}", file=path) from None
     raw = read_toml(path)
     try:
         sf = StackFile.model_validate(raw)
@@ -122,30 +153,59 @@ def _sub_model(cls: type[Strict], raw: dict[str, Any], path: Path, field_name: s
         raise err from None
 
 
-def load_stack(path: Path, _seen: tuple[Path, ...] = ()) -> Stack:
-    """Load a stack file and everything it extends, applying the merge rules."""
+def load_stack(path: Path) -> Stack:
+    """Load a stack file and everything it extends, applying the merge rules.
+
+    The chain is read child first without recursion (a long chain is an error, not a
+    RecursionError), then merged root first.
+    """
     path = path.resolve()
-    if path in _seen:
-        cycle = " -> ".join(p.name for p in (*_seen, path))
-        raise FrankError(f"inheritance cycle: {cycle}", file=_seen[-1], field="extends")
-    sf = load_stack_file(path)
-    name = path.stem
-    if sf.extends is None:
-        assert sf.parts is not None and sf.model and sf.target and sf.image
-        return Stack(
-            path=path, name=name,
-            model=_sub_model(ModelSpec, sf.model, path, "model"),
-            target=_sub_model(Target, sf.target, path, "target"),
-            image=_sub_model(ImageChoice, sf.image, path, "image"),
-            command=sf.command or ["vllm", "serve"], flags=dict(sf.flags), env=dict(sf.env),
-            parts=dict(sf.parts),
-            origin={n: (path, f"parts.{n}") for n in sf.parts}, chain=[path],
-        )
-    parent_path = (path.parent / sf.extends).resolve()
-    if not parent_path.is_file():
-        raise FrankError(f"{sf.extends!r} does not exist", file=path, field="extends")
-    parent = load_stack(parent_path, (*_seen, path))
-    return _apply(parent, sf, path)
+    root = find_repo_root(path.parent)
+    chain: list[tuple[Path, StackFile]] = []
+    while True:
+        if any(path == p for p, _ in chain):
+            cycle = " -> ".join(p.name for p in [*(p for p, _ in chain), path])
+            raise FrankError(f"inheritance cycle: {cycle}", file=chain[-1][0], field="extends")
+        if len(chain) == MAX_EXTENDS_DEPTH:
+            raise FrankError(f"extends goes more than {MAX_EXTENDS_DEPTH} stacks deep",
+                             file=chain[0][0], field="extends")
+        sf = load_stack_file(path)
+        chain.append((path, sf))
+        if sf.extends is None:
+            break
+        path = _parent_path(path, sf.extends, root)
+    top_path, top = chain.pop()
+    stack = _root_stack(top_path, top)
+    for child_path, child in reversed(chain):
+        stack = _apply(stack, child, child_path)
+    return stack
+
+
+def _parent_path(path: Path, extends: str, root: Path) -> Path:
+    """The stack ``extends`` names, relative to ``path``'s folder and inside the repo."""
+    if Path(extends).is_absolute():
+        raise FrankError(f"{extends!r} must be relative to the stack's folder", file=path,
+                         field="extends")
+    parent = (path.parent / extends).resolve()
+    if not parent.is_relative_to(root):
+        raise FrankError(f"{extends!r} is outside the repo", file=path, field="extends")
+    if not parent.is_file():
+        raise FrankError(f"{extends!r} does not exist", file=path, field="extends")
+    return parent
+
+
+def _root_stack(path: Path, sf: StackFile) -> Stack:
+    """A stack without ``extends``: its own model, target, image and parts."""
+    assert sf.parts is not None and sf.model and sf.target and sf.image
+    return Stack(
+        path=path, name=path.stem,
+        model=_sub_model(ModelSpec, sf.model, path, "model"),
+        target=_sub_model(Target, sf.target, path, "target"),
+        image=_sub_model(ImageChoice, sf.image, path, "image"),
+        command=sf.command or ["vllm", "serve"], flags=dict(sf.flags), env=dict(sf.env),
+        parts=dict(sf.parts),
+        origin={n: (path, f"parts.{n}") for n in sf.parts}, chain=[path],
+    )
 
 
 def _apply(parent: Stack, sf: StackFile, path: Path) -> Stack:

@@ -11,14 +11,22 @@ from pydantic import ValidationError
 from frank.errors import FrankError
 
 
-def read_toml(path: Path) -> dict[str, Any]:
-    """Parse a TOML file; a missing file or a syntax error names the file."""
+def read_text(path: Path, missing: str = "file not found") -> str:
+    """A text file's content; a missing, unreadable or non-UTF-8 file is one line naming it."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise FrankError("file not found", file=path) from None
+        raise FrankError(missing, file=path) from None
     except OSError as exc:
         raise FrankError(f"cannot read: {exc.strerror}", file=path) from None
+    except UnicodeDecodeError as exc:
+        raise FrankError(f"not valid UTF-8 (byte {exc.object[exc.start]:#04x} at offset "
+                         f"{exc.start})", file=path) from None
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """Parse a TOML file; a missing file or a syntax error names the file."""
+    text = read_text(path)
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -72,10 +72,36 @@ def cli() -> None:
     """Declarative build-and-deploy for LLM engine variants."""
 
 
+# click >= 8.2 raises this for a group run without a command (its message is the help).
+NO_ARGS_IS_HELP: type[click.ClickException] = getattr(
+    click.exceptions, "NoArgsIsHelpError", type("NeverRaised", (click.ClickException,), {}))
+
+
+def usage_line(exc: click.ClickException) -> str:
+    """A click usage error (unknown option, bad choice, missing argument) as one line that
+    names the command and points at its help, like every other bad input."""
+    message = " ".join(exc.format_message().split())
+    ctx = getattr(exc, "ctx", None)
+    if ctx is None:
+        return f"frank: error: {message}"
+    return f"frank: error: {ctx.command_path}: {message} (see '{ctx.command_path} --help')"
+
+
 def main() -> None:
-    """Entry point: run the CLI; FrankError becomes one line on stderr and exit 2."""
+    """Entry point: run the CLI; FrankError or a usage error becomes one line on stderr and
+    exit 2, without a traceback."""
     try:
-        cli.main(prog_name="frank", standalone_mode=True)
+        code = cli.main(prog_name="frank", standalone_mode=False)
     except FrankError as exc:  # raised outside a command's invoke
         click.echo(f"frank: error: {exc.one_line()}", err=True)
         sys.exit(exc.exit_code)
+    except NO_ARGS_IS_HELP as exc:  # plain `frank`: the help is the answer, as click gives it
+        click.echo(exc.format_message(), err=True)
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:  # UsageError, BadParameter, NoSuchOption, ...
+        click.echo(usage_line(exc), err=True)
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        click.echo("frank: aborted", err=True)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)

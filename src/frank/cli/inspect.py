@@ -2,7 +2,31 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
+
+from frank.errors import FrankError
+
+
+def is_registry_ref(image: str) -> bool:
+    """``HOST[:PORT]/NAME...`` whose first part names a host (a '.' or ':' in it, or
+    ``localhost``) and is not a folder here. Anything else is a local path, so a mistyped
+    layout (``out/missing/image``) is a local error, never a question to Docker Hub."""
+    first, slash, _ = image.partition("/")
+    looks_like_host = "." in first or ":" in first or first == "localhost"
+    return bool(slash) and looks_like_host and not image.startswith((".", "/", "~")) \
+        and not Path(first).exists()
+
+
+def check_local_layout(image: str) -> None:
+    """A local argument must be an existing OCI layout directory."""
+    path = Path(image)
+    if not path.exists():
+        raise FrankError("no such OCI layout directory (a registry image is written "
+                         "HOST[:PORT]/NAME[:TAG|@DIGEST])", file=image)
+    if not path.is_dir():
+        raise FrankError("not an OCI layout directory", file=image)
 
 
 @click.command("inspect")
@@ -12,6 +36,8 @@ def inspect_cmd(image: str, as_json: bool) -> None:
     """Show the image at IMAGE (an OCI layout directory or HOST/REPO[:TAG|@DIGEST])."""
     from frank.image.oci import read_image
 
+    if not is_registry_ref(image):
+        check_local_layout(image)
     info = read_image(image)
     if as_json:
         click.echo(info.model_dump_json(indent=2))

@@ -8,7 +8,7 @@ import sys
 import click
 
 from frank.errors import FrankError
-from frank.lock import render_lock
+from frank.lock import lock_is_current, render_lock
 from frank.project import lock_stack
 
 # `frank serve` runs the stack's command on this host as written: a stack whose engine is not
@@ -30,12 +30,9 @@ def serve(stack: str, print_only: bool, locked: bool, cache_dir: str | None,
     from frank import launch
 
     result = lock_stack(stack)
-    if locked:
-        current = (result.lock_file.read_text(encoding="utf-8")
-                   if result.lock_file.is_file() else None)
-        if current != render_lock(result.lock):
-            raise FrankError("lock is missing or out of date (run `frank lock`)",
-                             file=result.lock_file, field="--locked")
+    if locked and not lock_is_current(result.lock_file, render_lock(result.lock)):
+        raise FrankError("lock is missing or out of date (run `frank lock`)",
+                         file=result.lock_file, field="--locked")
     lock = json.loads(render_lock(result.lock))
     try:
         code = launch.run(lock, print_only=print_only, cache_dir=cache_dir,

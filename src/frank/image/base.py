@@ -47,6 +47,7 @@ from frank.image.oci import (
     write_layout,
 )
 from frank.image.store import DIGEST_RE, BlobStore
+from frank.tomlio import read_text
 
 BASE_FORMAT = "frank-base-1"
 _REF_RE = re.compile(
@@ -120,10 +121,9 @@ def parse_pinned_ref(ref: str, *, file: Path | str | None = None) -> tuple[str, 
 
 def load_image_file(path: Path) -> BaseImageFile:
     """Parse and validate ``images/<name>.toml``; any problem is one line naming the file."""
+    text = read_text(Path(path), missing="image file not found")
     try:
-        raw = tomllib.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise FrankError("image file not found", file=path) from None
+        raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise FrankError(f"invalid TOML: {exc}", file=path) from None
     try:

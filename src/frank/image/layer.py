@@ -26,6 +26,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO
 
 from frank.errors import FrankError
+from frank.hashing import check_link_inside
 from frank.image.spec import LayerInput
 from frank.image.store import BlobStore, LayerRecord
 
@@ -86,12 +87,18 @@ def collect(
     """Walk the (source, image path) pairs into a sorted, conflict-free list of members.
 
     ``preserve_owner`` keeps uid/gid/mode (with setuid bits) for importing a rootfs; ``skip``
-    names image paths whose contents are left out (e.g. ``dev`` for a rootfs).
+    names image paths whose contents are left out (e.g. ``dev`` for a rootfs). Outside a
+    rootfs, a symlink is kept as a link and must point inside the tree it is in, as the
+    tree hash requires (``frank.hashing.check_link_inside``).
     """
     found: dict[str, Entry] = {}
     skip_set = {s.strip("/") for s in skip}
+    tree = Path()
 
     def add(e: Entry) -> None:
+        if e.kind == "symlink" and not preserve_owner and e.source not in (None, tree):
+            assert e.source is not None
+            check_link_inside(e.source, tree)
         old = found.get(e.arcname)
         if old is not None and old.kind == "dir" and e.kind == "dir":
             if old.source is None:
@@ -112,6 +119,7 @@ def collect(
         top = _entry(src, root, st, preserve_owner)
         if top is None:
             continue
+        tree = src
         if root:
             add(top)
         if top.kind != "dir":

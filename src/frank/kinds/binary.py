@@ -8,7 +8,7 @@ from pydantic import model_validator
 
 from frank.kinds.base import FileCopy, LayerContribution, PartBase, PartContext
 from frank.kinds.kernel import Arch
-from frank.pins import Sha256
+from frank.pins import ImagePath, Sha256
 
 
 class Binary(PartBase):
@@ -21,13 +21,7 @@ class Binary(PartBase):
     path: str | None = None
     sha256: Sha256 | None = None
     archs: list[Arch]
-    dest: str
-
-    @model_validator(mode="after")
-    def _dest_absolute(self) -> Binary:
-        if not self.dest.startswith("/"):
-            raise ValueError("dest must be an absolute path in the image")
-        return self
+    dest: ImagePath
 
     def inputs(self, ctx: PartContext) -> dict[str, str]:
         assert self.path is not None

@@ -6,10 +6,18 @@ from typing import ClassVar, Literal
 
 from pydantic import model_validator
 
-from frank.kinds.base import FileCopy, FlagValue, LayerContribution, PartBase, PartContext, Strict
+from frank.kinds.base import (
+    FileCopy,
+    FlagName,
+    FlagValue,
+    LayerContribution,
+    PartBase,
+    PartContext,
+    Strict,
+)
 from frank.kinds.env import EnvName
 from frank.kinds.weights import RepoId
-from frank.pins import HubRevision, Sha256
+from frank.pins import HubRevision, ImagePath, RelativePath, Sha256
 
 
 class HubFile(Strict):
@@ -17,7 +25,7 @@ class HubFile(Strict):
 
     repo_id: RepoId
     revision: HubRevision
-    filename: str
+    filename: RelativePath
 
 
 class DataFile(Strict):
@@ -42,9 +50,9 @@ class Data(PartBase):
     kind: Literal["data"]
     source: DataFile
     sha256: Sha256 | None = None
-    dest: str
+    dest: ImagePath
     env_var: EnvName | None = None
-    flag: str | None = None
+    flag: FlagName | None = None
 
     @model_validator(mode="after")
     def _pointer(self) -> Data:

@@ -9,7 +9,7 @@ from pydantic import AfterValidator, Field
 from frank.kinds.base import FileCopy, LayerContribution, PartBase, PartContext
 from frank.kinds.engine import PinnedWheel
 from frank.kinds.plugin import EntryPoint, package_dest
-from frank.pins import matching
+from frank.pins import OneLine, matching
 
 check_arch = matching(r"sm_[0-9]{2,3}[af]?", "a CUDA arch like sm_120 or sm_90a")
 
@@ -32,7 +32,7 @@ class Kernel(PartBase):
     source: str | None = None
     archs: list[Arch]
     replaces_op: str
-    build: str  # run from the source folder; $CUDA_ARCHS holds the archs as nvcc numbers
+    build: OneLine  # run from the source folder; $CUDA_ARCHS holds the archs as nvcc numbers
     plugin: EntryPoint | None = None
     # The compiler, as wheels unpacked on the host (nvcc, its headers and static libs):
     # pinned like any other input, so the lock covers the toolchain. The host C++
