@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import model_validator
-
 from frank.kinds.base import FileCopy, LayerContribution, PartBase, PartContext
 from frank.kinds.kernel import Arch
 from frank.pins import ImagePath, Sha256

@@ -56,8 +56,6 @@ class Data(PartBase):
 
     @model_validator(mode="after")
     def _pointer(self) -> Data:
-        if not self.dest.startswith("/"):
-            raise ValueError("dest must be an absolute path in the image")
         if (self.env_var is None) == (self.flag is None):
             raise ValueError("give exactly one of env_var or flag (how the engine finds it)")
         return self
