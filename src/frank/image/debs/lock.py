@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from frank.errors import FrankError
+from frank.errors import FrankError, _display_path
 from frank.fsutil import write_atomic
 from frank.hashing import sha256_file
 
@@ -125,9 +125,9 @@ def read_lock(path: Path) -> DebsLock:
     try:
         raw = json.loads(path.read_text())
     except FileNotFoundError:
-        raise FrankError("the base's package lock is missing; write it with "
-                         f"`{LOCK_COMMAND} {path.with_suffix('').with_suffix('.toml')}`",
-                         file=path) from None
+        recipe = _display_path(path.with_suffix("").with_suffix(".toml"))
+        raise FrankError(f"the base's package lock is missing; write it with "
+                         f"`{LOCK_COMMAND} {recipe}`", file=path) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise FrankError(f"not JSON: {exc}", file=path) from None
     try:
@@ -144,5 +144,5 @@ def current_lock(src: DebsSource, image_file: Path) -> tuple[DebsLock, str]:
     lock = read_lock(path)
     if lock.recipe != src.content():
         raise FrankError(f"stale against {image_file.name} [debs]; re-resolve it with "
-                         f"`{LOCK_COMMAND} {image_file}`", file=path)
+                         f"`{LOCK_COMMAND} {_display_path(image_file)}`", file=path)
     return lock, sha256_file(path)
