@@ -19,6 +19,7 @@ from frank.errors import FrankError
 COMMANDS: dict[str, str] = {
     "check": "frank.cli.check:check",
     "compose": "frank.cli.compose:compose",
+    "debs": "frank.cli.debs:debs",
     "diff": "frank.cli.diff:diff",
     "inspect": "frank.cli.inspect:inspect_cmd",
     "lock": "frank.cli.lock:lock",
