@@ -164,13 +164,18 @@ def current(request: ClosureRequest, path: Path) -> bool:
     return bool(doc.get("tool", {}).get("frank", {}).get("request") == request.digest())
 
 
+def find_sibling(request: ClosureRequest, out: Path) -> Path | None:
+    """A current pylock of another stack in the same folder that asked the same."""
+    return next((other for other in sorted(out.parent.glob("pylock.*.toml"))
+                 if other != out and current(request, other)), None)
+
+
 def copy_sibling(request: ClosureRequest, out: Path) -> bool:
-    """Reuse a current pylock of another stack in the same folder that asked the same."""
-    for other in sorted(out.parent.glob("pylock.*.toml")):
-        if other != out and current(request, other):
-            write_atomic(out, other.read_bytes())
-            return True
-    return False
+    """Reuse (copy, offline) another stack's pylock that was resolved from the same request."""
+    other = find_sibling(request, out)
+    if other is not None:
+        write_atomic(out, other.read_bytes())
+    return other is not None
 
 
 def target_tags(python: str) -> list[Tag]:

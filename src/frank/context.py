@@ -159,12 +159,15 @@ def render_dockerfile(plan: BuildPlan, staged: set[int], template: str) -> str:
     against the engine stage's torch), and a final stage that copies each kernel's built
     tree and adds plugins, data, the launcher and the lock."""
     base = plan.base_image.get("ref", f"frank-base/{plan.base_image['name']}")
-    first_kernel = next((x.index for x in plan.layers if x.kind == "kernel"), None)
+    # a kernel built in the image gets a stage of its own; one frank compiled on the host
+    # is a layer like any other
+    first_kernel = next((x.index for x in plan.layers if x.kind == "kernel"
+                         and not host_built(x)), None)
     engine_part, kernel_stages, final_part = [], [], []
     for layer in plan.layers:
         if first_kernel is None or layer.index < first_kernel:
             engine_part += [*_layer_steps(layer, staged), ""]
-        elif layer.kind == "kernel":
+        elif layer.kind == "kernel" and not host_built(layer):
             stage = f"kernel-{layer.part}"
             kernel_stages += [f"FROM engine AS {stage}", *_layer_steps(layer, staged, pip=False),
                               ""]

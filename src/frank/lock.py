@@ -112,8 +112,8 @@ def build_lock(resolved: Resolved, python_closure: dict[str, str] | None = None)
         "plugins": resolved.plugins,
     }
     doc = {**body, "parts": digest_parts, "lock_version": LOCK_VERSION}
-    if python_closure is not None:
-        doc["python_closure"] = python_closure
+    if python_closure is not None:  # its content, not its file name (like the stack's)
+        doc["python_closure"] = {k: v for k, v in python_closure.items() if k != "file"}
     impure = impure_steps(resolved)
     if impure:
         doc["impure"] = impure

@@ -52,12 +52,19 @@ def repo_root_for(path: Path | None = None) -> Path:
 
 def lock_stack(arg: str, catalog: Catalog | None = None, closure: ClosureMode = "use") -> Locked:
     """Resolve and lock a stack named or given by path, with its Python closure."""
-    from frank import closure as pyclosure
-
     root = repo_root_for(Path(arg) if arg.endswith(".toml") else None)
     path = stack_path(arg, root)
     root = repo_root_for(path)
-    resolved = resolve(path, root, catalog)
+    return lock_resolved(resolve(path, root, catalog), path, root, closure)
+
+
+def lock_resolved(resolved: Resolved, path: Path, root: Path, closure: ClosureMode = "use"
+                  ) -> Locked:
+    """Lock a resolved stack as the stack file ``path``, whose Python closure lives beside
+    it. The resolution may come from a staged copy of that file (an edit being checked
+    before it is written): the closure and the lock file are still the real stack's."""
+    from frank import closure as pyclosure
+
     request = pyclosure.request_for(resolved)
     if request is None:
         return Locked(resolved=resolved, lock=build_lock(resolved), lock_file=lock_path(path))
@@ -72,6 +79,8 @@ def lock_stack(arg: str, catalog: Catalog | None = None, closure: ClosureMode = 
             resolved_now = True
         elif closure == "check":
             stale = True
+        elif (sibling := pyclosure.find_sibling(request, pylock)) is not None:
+            pylock = sibling  # a read command on a new stack: another stack's is the same
         else:
             raise FrankError("the Python closure is stale or missing for this stack "
                              "(run `frank lock`)", file=pylock)

@@ -25,7 +25,8 @@ from tomlkit.items import Array, Table
 from frank.catalog import Catalog
 from frank.errors import FrankError
 from frank.journal import Transaction
-from frank.lock import Lock, build_lock, lock_path, render_lock, write_lock
+from frank.lock import Lock, lock_path, render_lock, write_lock
+from frank.project import lock_resolved
 from frank.resolve import resolve
 from frank.stack import load_stack
 from frank.stackfiles import TEMP_MARK, stack_files
@@ -113,7 +114,7 @@ def plan_revert(stack_file: Path, part: str, root: Path) -> RevertResult:
     old_text = stack_file.read_text(encoding="utf-8")
     new_text = edit_stack(old_text, stack.path, part, origin, revert.action, revert.to,
                           parent_version)
-    old_lock = build_lock(resolve(stack_file, root, catalog))
+    old_lock = lock_resolved(resolve(stack_file, root, catalog), stack_file, root).lock
     new_lock = lock_text(stack_file, new_text, root, catalog, "revert")
     new_lock = new_lock.model_copy(update={"stack": stack.name})
     return RevertResult(part=part, action=revert.action, old_version=stack.parts[part],
@@ -133,7 +134,10 @@ def lock_text(stack_file: Path, text: str, root: Path, catalog: Catalog, why: st
                                      suffix=".toml") as tmp:
         tmp.write(text)
         tmp.flush()
-        return build_lock(resolve(Path(tmp.name), root, catalog))
+        # the Python closure is the real stack's (pylock beside it): reused when the edit
+        # leaves it alone, re-resolved (or copied from a sibling asking the same) if not
+        resolved = resolve(Path(tmp.name), root, catalog)
+        return lock_resolved(resolved, stack_file, root, "resolve").lock
 
 
 def history_path(stack_file: Path) -> Path:
@@ -159,7 +163,8 @@ def relock_dependents(stack_file: Path, root: Path) -> list[tuple[str, str]]:
         if target not in chain:
             continue
         try:
-            write_lock(build_lock(resolve(other, root)), lock_path(other))
+            write_lock(lock_resolved(resolve(other, root), other, root, "resolve").lock,
+                       lock_path(other))
             out.append((other.name, "relocked"))
         except FrankError as exc:
             out.append((other.name, exc.one_line()))

@@ -18,7 +18,8 @@ from typing import Any
 from frank.catalog import Catalog
 from frank.errors import FrankError
 from frank.journal import Transaction
-from frank.lock import Lock, build_lock
+from frank.lock import Lock
+from frank.project import lock_resolved
 from frank.resolve import resolve
 from frank.revert import history_entry, history_path, lock_text, stage_stack_change
 from frank.stack import load_stack
@@ -83,7 +84,7 @@ def plan_undo(stack_file: Path, root: Path) -> UndoResult:
     seq, entry = last_revert(stack_file)
     catalog = Catalog(root)
     old_text = stack_file.read_text(encoding="utf-8")
-    old_lock = build_lock(resolve(stack_file, root, catalog))
+    old_lock = lock_resolved(resolve(stack_file, root, catalog), stack_file, root).lock
     if old_lock.digest != entry.get("digest_after"):
         raise FrankError(f"the stack changed since the revert of {entry.get('part')} (it locks "
                          f"to {old_lock.digest[:19]}, the revert left "

@@ -6,9 +6,9 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import AfterValidator, Field
 
-from frank.kinds.base import FileCopy, LayerContribution, PartBase, PartContext
+from frank.kinds.base import LayerContribution, PartBase, PartContext, PythonNeeds
 from frank.kinds.engine import PinnedWheel
-from frank.kinds.plugin import EntryPoint, package_dest
+from frank.kinds.plugin import EntryPoint, package_needs
 from frank.pins import OneLine, matching
 
 check_arch = matching(r"sm_[0-9]{2,3}[af]?", "a CUDA arch like sm_120 or sm_90a")
@@ -51,21 +51,18 @@ class Kernel(PartBase):
 
     def layer(self, ctx: PartContext) -> LayerContribution | None:
         assert self.source is not None
-        dest = kernel_dest(self.name)
-        files = [FileCopy(self.source, dest)]
-        pip: tuple[str, ...] = ()
-        if self.plugin is not None:
-            if self.plugin.package.startswith(self.source + "/"):
-                pip = (f"{dest}/{self.plugin.package[len(self.source) + 1:]}",)
-            else:
-                files.append(FileCopy(self.plugin.package, package_dest(self.name)))
-                pip = (package_dest(self.name),)
+        # Compiled on the host by the pinned toolchain (frank.kernelbuild); the layer holds
+        # the built libraries at kernel_dest() and the plugin's wheel built from the tree.
+        wheels = (self.plugin.package,) if self.plugin is not None else ()
         return LayerContribution(
-            files=tuple(files),
-            run=(f"cd {dest} && export CUDA_ARCHS='{self.nvcc_archs()}' && {self.build}",),
-            pip_install=pip,
-            why=f"compiled for {', '.join(self.archs)} against the image's torch",
+            build_wheels=wheels,
+            why=f"compiled on the host for {', '.join(self.archs)} by the pinned toolchain",
         )
+
+    def python_needs(self, ctx: PartContext) -> PythonNeeds:
+        if self.plugin is None:
+            return PythonNeeds()
+        return package_needs(ctx, self.plugin.package, "plugin.package")
 
     def nvcc_archs(self) -> str:
         """``sm_120 sm_90a`` -> ``120 90a``: the form nvcc's -gencode takes."""
