@@ -28,7 +28,8 @@ DATA = "parts/expert-plan/own-traffic.toml"
 SERVED = "stacks/served.toml"
 GITPKG = "parts/gitpkg/1.toml"
 
-HOSTILE = ("' ; touch CANARY", "$(touch CANARY)", "x\nRUN touch CANARY")
+# The last one has no space: a grammar that only forbids whitespace lets it through.
+HOSTILE = ("' ; touch CANARY", "$(touch CANARY)", "x\nRUN touch CANARY", "$(touch${IFS}CANARY)")
 
 
 def toml_str(value: str) -> str:
