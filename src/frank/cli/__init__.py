@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "pin": "frank.cli.pin:pin",
     "push": "frank.cli.push:push",
     "revert": "frank.cli.revert:revert",
+    "run": "frank.cli.run:run_cmd",
     "serve": "frank.cli.serve:serve",
     "show": "frank.cli.show:show",
     "trial": "frank.cli.trial:trial",

@@ -1,0 +1,355 @@
+"""`frank run` starts a built image (issue 30, item 1): the exact container commands for each
+engine, a tampered layer refused in one line before any engine runs, the launcher inside
+the image finding the mounted hub cache, and a tiny engine in an image served until
+SIGTERM or Ctrl-C, its working container removed every time.
+
+Images are built once per module by the embedded builder (`frank compose`, seconds once
+the test base is cached); anything that runs a container needs buildah.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.local_hub import publish
+from tests.fixtures.tiny_model import build_tiny_model
+from tests.spine_helpers import copy_repo, processes_mentioning
+
+pytestmark = pytest.mark.slow
+needs_buildah = pytest.mark.skipif(shutil.which("buildah") is None,
+                                   reason="buildah not installed (scripts/setup installs it)")
+
+REVISION = "e8a00a84f4fe6e411c6fa5e99bd2beb39182fcfd"
+# A stand-in engine, kept in the (mounted) model folder as engine.py: answers every GET with
+# what it was given (its model folder's config.json, an env value), and exits 0 on SIGTERM
+# or SIGINT as vLLM does. A stack's command may hold no newline, hence the exec.
+TINY_ENGINE = "import sys; exec(open(sys.argv[1] + '/engine.py').read())"
+ENGINE_PY = "\n".join([
+    "import http.server, json, os, pathlib, signal, sys",
+    "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))",
+    "signal.signal(signal.SIGINT, lambda *a: sys.exit(0))",
+    "args = sys.argv",
+    "port = int(args[args.index('--port') + 1])",
+    "body = json.dumps({'model': args[1], 'mark': os.environ.get('FRANK_TEST_MARK', ''),",
+    "                   'config': pathlib.Path(args[1], 'config.json').read_text()}).encode()",
+    "class H(http.server.BaseHTTPRequestHandler):",
+    "    def do_GET(self):",
+    "        self.send_response(200); self.end_headers(); self.wfile.write(body)",
+    "    def log_message(self, *a): pass",
+    "print('tiny engine on', port, flush=True)",
+    "http.server.HTTPServer(('127.0.0.1', port), H).serve_forever()",
+]) + "\n"
+DYING_ENGINE = "import sys; print('boom: this engine gives up', file=sys.stderr); sys.exit(3)"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def frank(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
+    return subprocess.run([sys.executable, "-m", "frank", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=timeout, env={**env, "COLUMNS": "200"})
+
+
+def compose(repo: Path, stack: str) -> str:
+    result = frank("compose", stack, "--json", cwd=repo)
+    assert result.returncode == 0, result.stderr
+    return str(json.loads(result.stdout)["image"]["layout"])
+
+
+def local_weights(repo: Path, folder: Path) -> None:
+    """A weights part that is a local folder: a config and the stand-in engine."""
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text('{"hidden_size": 128}\n')
+    (folder / "engine.py").write_text(ENGINE_PY)
+    files = "".join(f'"{p.name}" = "{hashlib.sha256(p.read_bytes()).hexdigest()}"\n'
+                    for p in sorted(folder.iterdir()))
+    (repo / "parts/my-model").mkdir()
+    (repo / "parts/my-model/1.toml").write_text(
+        'kind = "weights"\nname = "my-model"\nversion = "1"\nsummary = "a folder"\n'
+        f'status = "served"\npath = "{folder}"\nserved_model_name = "mine"\n'
+        f'[files]\n{files}[provenance]\nlicence = "Apache-2.0"\n[revert]\naction = "remove"\n')
+
+
+def engine_stack(repo: Path, name: str, script: str, port: int, extra: str = "") -> None:
+    command = json.dumps(["python3", "-c", script])
+    (repo / f"stacks/{name}.toml").write_text(
+        f'extends = "smoke-cpu.toml"\ncommand = {command}\nremove = ["tiny-llama"]\n'
+        f'[add]\nmy-model = "1"\n[flags]\nport = {port}\n{extra}')
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A repo copy with smoke-cpu, a tiny-engine stack, a dying-engine stack and a GPU
+    stack bound to all interfaces composed; and a hub cache holding the tiny model."""
+    repo = copy_repo(tmp_path_factory.mktemp("run") / "repo")
+    local_weights(repo, tmp_path_factory.mktemp("weights") / "my-model")
+    engine_stack(repo, "tiny", TINY_ENGINE, free_port())
+    engine_stack(repo, "dying", DYING_ENGINE, free_port())
+    (repo / "stacks/gpu.toml").write_text(
+        'extends = "smoke-cpu.toml"\n[target]\narch = "cpu"\ngpus = 2\n'
+        '[flags]\nhost = "0.0.0.0"\n')
+    out = {name: Path(compose(repo, f"stacks/{name}.toml"))
+           for name in ("smoke-cpu", "tiny", "dying", "gpu")}
+    model = build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+    hub = tmp_path_factory.mktemp("hub")
+    assert publish(model, hub, "frank-test/tiny-llama") == REVISION
+    return {"repo": repo, "hub": hub, **out}
+
+
+def one_line(result: subprocess.CompletedProcess[str], *needles: str) -> str:
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("frank: error: "), result.stderr
+    for needle in needles:
+        assert needle in last, (needle, last)
+    return last
+
+
+def frank_containers() -> set[str]:
+    engine = subprocess.run([sys.executable, "-c", "from frank.image.engines import "
+                             "get_engine; print(' '.join(get_engine('buildah').base_args()))"],
+                            capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run([*engine, "containers", "--format", "{{.ContainerName}}"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    return {name for name in out if name.startswith("frank-run-")}
+
+
+# --- --print: the exact commands, per engine -------------------------------------------------
+
+
+def test_print_buildah_from_run_rm(built: dict[str, Path]) -> None:
+    result = frank("run", "stacks/smoke-cpu.toml", "--print", "--json", "--engine", "buildah",
+                   "--hub-cache", str(built["hub"]), "--env", "EXTRA=1", cwd=built["repo"])
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    ctr, layout = plan["container"], str(built["smoke-cpu"])
+    assert plan["prepare"] == [[*plan["engine_args"], "from", "--quiet", "--pull-always",
+                                "--name", ctr, f"oci:{layout}"]]
+    assert plan["engine_args"][1:] == ["--root", plan["engine_args"][2], "--runroot",
+                                       plan["engine_args"][4], "--storage-driver", "vfs"]
+    run = plan["run"]
+    assert run[:len(plan["engine_args"]) + 3] == [*plan["engine_args"], "run", "--isolation",
+                                                  "chroot"]
+    assert f"{built['hub']}:/frank/hub:ro" == run[run.index("--volume") + 1]
+    envs = [run[i + 1] for i, a in enumerate(run) if a == "--env"]
+    assert envs == ["EXTRA=1", "HF_HUB_CACHE=/frank/hub", "HF_HUB_OFFLINE=1"]
+    assert run[run.index(ctr):] == [ctr, "--", "python3", "/opt/frank/bin/frank-launch",
+                                    "--lock", "/etc/frank/frank.lock", "--cache-dir",
+                                    "/frank/hub"]
+    assert "-p" not in run and "--device" not in run  # host network, no GPU on a CPU target
+    assert plan["cleanup"] == [[*plan["engine_args"], "rm", ctr]]
+    assert plan["url"] == "http://127.0.0.1:8000/health" and plan["gpus"] == 0
+    lock = json.loads((built["repo"] / "stacks/smoke-cpu.lock").read_text())
+    assert plan["lock_digest"] == lock["digest"]
+    text = frank("run", "stacks/smoke-cpu.toml", "--print", "--hub-cache", str(built["hub"]),
+                 cwd=built["repo"])
+    assert text.returncode == 0 and " run --isolation chroot " in text.stdout
+    assert " from --quiet --pull-always --name frank-run-" in text.stdout
+
+
+@pytest.mark.parametrize("engine", ["podman", "docker"])
+def test_print_podman_and_docker(built: dict[str, Path], engine: str) -> None:
+    """Loopback bind (smoke-cpu): the host's network; all interfaces with GPUs: a port
+    published on 127.0.0.1 and the GPUs passed through. (Untested here: no daemon, no GPU.)"""
+    loop = json.loads(frank("run", "stacks/smoke-cpu.toml", "--print", "--json", "--engine",
+                            engine, "--hub-cache", str(built["hub"]), cwd=built["repo"]).stdout)
+    run = loop["run"]
+    assert run[len(loop["engine_args"]):][:2] == ["run", "--rm"]
+    assert run[run.index("--network") + 1] == "host" and "-p" not in run
+    assert run[-2:] == ["--cache-dir", "/frank/hub"]  # the image's entrypoint, these args
+    assert loop["cleanup"] == [[*loop["engine_args"], "rm", "-f", loop["container"]]]
+    gpu = json.loads(frank("run", "stacks/gpu.toml", "--print", "--json", "--engine", engine,
+                           "--hub-cache", str(built["hub"]), cwd=built["repo"]).stdout)
+    run = gpu["run"]
+    assert run[run.index("-p") + 1] == "127.0.0.1:8000:8000" and "--network" not in run
+    if engine == "docker":
+        assert run[run.index("--gpus") + 1] == "all"
+        name = "frank-run:" + gpu["image"].split(":")[1]
+        assert gpu["prepare"][0][1:] == ["copy", "--quiet", f"oci:{built['gpu']}",
+                                         f"docker-daemon:{name}"]
+        assert name in run and "--pull=never" in run
+    else:
+        assert run[run.index("--device") + 1] == "nvidia.com/gpu=all"
+        assert f"oci:{built['gpu']}" in run and "--pull=always" in run
+        assert gpu["prepare"] == []
+
+
+def test_print_links_a_layout_whose_path_is_not_an_image_name(built: dict[str, Path],
+                                                              tmp_path: Path) -> None:
+    odd = tmp_path / "Images" / "smoke"
+    shutil.copytree(built["smoke-cpu"], odd, copy_function=os.link)
+    plan = json.loads(frank("run", str(odd), "--print", "--json", "--hub-cache",
+                            str(built["hub"]), cwd=built["repo"]).stdout)
+    assert plan["link"] == f"/tmp/{plan['container']}/image"
+    assert plan["prepare"][0][-1] == f"oci:{plan['link']}"
+
+
+# --- refusals, in one line, before anything runs ----------------------------------------------
+
+
+@pytest.fixture
+def no_engine_runs(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """PATH with a buildah that only records that it was called."""
+    bin_dir, record = tmp_path / "bin", tmp_path / "engine-called"
+    bin_dir.mkdir()
+    (bin_dir / "buildah").write_text(f"#!/bin/sh\ntouch {record}\nexit 1\n")
+    (bin_dir / "buildah").chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}, record
+
+
+def tampered(layout: Path, dest: Path, digest: str) -> Path:
+    """A copy of ``layout`` (hard links) with one byte of blob ``digest`` flipped."""
+    shutil.copytree(layout, dest, copy_function=os.link)
+    blob = dest / "blobs/sha256" / digest.split(":")[1]
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    blob.unlink()  # a new file: the original, linked, stays intact
+    blob.write_bytes(bytes(data))
+    return dest
+
+
+def manifest(layout: Path) -> dict:
+    index = json.loads((layout / "index.json").read_text())
+    digest = index["manifests"][0]["digest"].split(":")[1]
+    return json.loads((layout / "blobs/sha256" / digest).read_bytes())
+
+
+def test_tampered_layer_refuses_to_run_naming_the_layer(
+        built: dict[str, Path], tmp_path: Path,
+        no_engine_runs: tuple[dict[str, str], Path]) -> None:
+    env, record = no_engine_runs
+    layer = manifest(built["smoke-cpu"])["layers"][1]["digest"]
+    bad = tampered(built["smoke-cpu"], tmp_path / "bad", layer)
+    result = subprocess.run([sys.executable, "-m", "frank", "run", str(bad), "--hub-cache",
+                             str(built["hub"])], cwd=built["repo"], capture_output=True,
+                            text=True, timeout=60, env={**os.environ, **env})
+    line = one_line(result, "layer 1 (frank: plugin:region-cache)", layer, "refusing to run")
+    assert result.stderr.strip() == line and result.stdout == ""
+    assert not record.exists()  # no engine was asked for anything
+
+
+def test_tampered_config_refuses_to_run(built: dict[str, Path], tmp_path: Path,
+                                        no_engine_runs: tuple[dict[str, str], Path]) -> None:
+    env, record = no_engine_runs
+    config = manifest(built["smoke-cpu"])["config"]["digest"]
+    bad = tampered(built["smoke-cpu"], tmp_path / "bad", config)
+    result = subprocess.run([sys.executable, "-m", "frank", "run", str(bad), "--print"],
+                            cwd=built["repo"], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, **env})
+    assert result.stderr.strip() == one_line(result, "config", config)
+    assert not record.exists()
+
+
+def test_stack_whose_image_is_stale_says_compose(built: dict[str, Path]) -> None:
+    stack = built["repo"] / "stacks/gpu.toml"
+    original = stack.read_text()
+    try:
+        stack.write_text(original + '[env]\nFRANK_RUN_TEST = "changed"\n')
+        one_line(frank("run", "stacks/gpu.toml", "--print", cwd=built["repo"]),
+                 "run `frank compose stacks/gpu.toml`", "the image was built from lock")
+    finally:
+        stack.write_text(original)
+
+
+def test_bad_inputs_are_one_line(built: dict[str, Path], tmp_path: Path) -> None:
+    repo = built["repo"]
+    one_line(frank("run", "stacks/smoke-cpu.toml", "--hub-cache", str(tmp_path / "none"),
+                   cwd=repo), "no such folder to mount at /frank/hub")
+    one_line(frank("run", "stacks/smoke-cpu.toml", "--hub-cache", str(tmp_path), cwd=repo),
+             "config.json is not here")
+    one_line(frank("run", "stacks/smoke-cpu.toml", "--print", "--env", "1X=2", cwd=repo),
+             "--env", "not KEY=VALUE")
+    one_line(frank("run", str(tmp_path), cwd=repo), "not an OCI layout")
+    one_line(frank("run", "stacks/tiny.toml", "--print", "--hub-cache", str(tmp_path),
+                   cwd=repo), "local directory", "--hub-cache")
+
+
+# --- real runs through buildah ----------------------------------------------------------------
+
+
+@needs_buildah
+def test_launcher_in_the_image_finds_the_mounted_hub_cache(built: dict[str, Path]) -> None:
+    before = frank_containers()
+    result = frank("run", "stacks/smoke-cpu.toml", "--hub-cache", str(built["hub"]), "--",
+                   "--print", cwd=built["repo"])
+    assert result.returncode == 0, result.stderr
+    shown = json.loads(result.stdout)
+    folder = f"/frank/hub/models--frank-test--tiny-llama/snapshots/{REVISION}"
+    assert shown["weights"] == {"folder": folder, "part": "tiny-llama", "present": True,
+                                "source": f"frank-test/tiny-llama@{REVISION}"}
+    assert shown["command"][shown["command"].index("--model") + 1] == folder
+    lock = json.loads((built["repo"] / "stacks/smoke-cpu.lock").read_text())
+    assert shown["lock_digest"] == lock["digest"] and shown["env"]["HF_HUB_OFFLINE"] == "1"
+    assert frank_containers() == before
+
+
+def wait_for_line(proc: subprocess.Popen[str], needle: str, timeout: float) -> list[str]:
+    assert proc.stderr is not None
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if not line and proc.poll() is not None:
+            break
+        seen.append(line.rstrip())
+        if needle in line:
+            return seen
+    raise AssertionError(f"no {needle!r} in {seen}")
+
+
+@needs_buildah
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_tiny_engine_serves_until_signalled_and_leaves_nothing(built: dict[str, Path],
+                                                               signum: int) -> None:
+    lock = json.loads((built["repo"] / "stacks/tiny.lock").read_text())
+    port, folder = lock["flags"]["port"], lock["parts"][-1]["spec"]["path"]
+    mark = uuid.uuid4().hex
+    before = frank_containers()
+    proc = subprocess.Popen([sys.executable, "-m", "frank", "run", "stacks/tiny.toml",
+                             "--wait-ready", "60", "--env", f"FRANK_TEST_MARK={mark}"],
+                            cwd=built["repo"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        wait_for_line(proc, "frank: ready: tiny image sha256:", 60)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as resp:
+            body = json.loads(resp.read())
+        # the folder mounted read-only at its locked path, the --env value inside
+        assert body == {"model": folder, "mark": mark, "config": '{"hidden_size": 128}\n'}
+        assert processes_mentioning(mark)  # buildah run, given the mark as --env
+        proc.send_signal(signum)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert frank_containers() == before
+    deadline = time.monotonic() + 5
+    while processes_mentioning(mark) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not processes_mentioning(mark)
+
+
+@needs_buildah
+def test_an_engine_that_dies_first_is_one_line_quoting_it(built: dict[str, Path]) -> None:
+    before = frank_containers()
+    result = frank("run", "stacks/dying.toml", "--wait-ready", "60", cwd=built["repo"])
+    line = one_line(result, "the container exited 3 before", "boom: this engine gives up")
+    assert line == result.stderr.strip().splitlines()[-1]
+    assert frank_containers() == before
