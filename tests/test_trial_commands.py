@@ -184,6 +184,8 @@ def test_seal_then_every_edit_of_the_sealed_part_is_refused(smoke: Path) -> None
         "order": (f'{{start = 1, block = 1, arm = "{first_arm}"}}',
                   f'{{start = 1, block = 1, arm = "{other}"}}'),
         "arms.A.digest": (t["arms"]["A"]["digest"], "sha256:" + "0" * 64),
+        "subject.change": ('change = "add"', 'change = "remove"'),
+        "subject.part": ('part = "region-cache"', 'part = "tiny-llama"'),
     }
     for field, (old, new) in edits.items():
         assert old in original, field
@@ -340,22 +342,30 @@ def test_adopt_writes_manifest_and_served_stack_with_revert_intact(smoke: Path) 
                      cwd=smoke).code == 0
     assert run_frank("lock", "stacks/nocache.toml", cwd=smoke).code == 0
     manifest = smoke / "parts/region-cache/1.toml"
+    earlier = load(manifest)["evidence"]
     manifest.write_text(manifest.read_text().replace('status = "served"',
                                                      'status = "candidate"'))
+    assert run_frank("lock", cwd=smoke).code == 0
     d = digests(smoke, "rc")
     out = run_frank("trial", "adopt", "rc", "--into", "stacks/nocache.toml", cwd=smoke)
     assert out.code == 0, out.err
-    assert "adopt" in out.out
+    assert "adopt" in out.out and "add region-cache 1 into stacks/nocache.toml" in out.out
     m = load(manifest)
     assert m["status"] == "served"
-    assert m["evidence"]["trial"] == "rc " + load(smoke / "trials/rc.toml")["seal"]["hash"]
-    assert "p = 1/20" in m["evidence"]["result"] and "every B start" in m["evidence"]["rule"]
+    first, new = m["evidence"]  # the earlier evidence stays, the trial's is appended
+    assert first == earlier
+    assert new["trial"] == "rc " + load(smoke / "trials/rc.toml")["seal"]["hash"]
+    assert "p = 1/20" in new["result"] and "every B start" in new["rule"]
     assert manifest.read_text().count("[revert]") == 1 and "# " not in m["summary"]
     stack_text = (smoke / "stacks/nocache.toml").read_text()
     assert stack_text.startswith("# smoke-cpu without the region cache")
     assert "remove" not in stack_text
     lock = json.loads((smoke / "stacks/nocache.lock").read_text())
     assert lock["digest"] == d["B"]  # exactly the measured candidate
+    # smoke-cpu holds the part too: its lock was relocked, so no lock is stale
+    assert "relocked" in out.out and "smoke-cpu" in out.out
+    assert run_frank("lock", "--check", cwd=smoke).code == 0
+    assert run_frank("check", cwd=smoke).code == 0
     hist = (smoke / "stacks/nocache.history.jsonl").read_text().splitlines()
     assert json.loads(hist[-1])["action"] == "adopt:add"
     back = run_frank("revert", "region-cache", "--stack", "stacks/nocache.toml", cwd=smoke)
@@ -363,17 +373,151 @@ def test_adopt_writes_manifest_and_served_stack_with_revert_intact(smoke: Path) 
     assert json.loads((smoke / "stacks/nocache.lock").read_text())["digest"] == d["A"]
 
 
-def test_adopt_a_losing_candidate_parks_it_and_leaves_the_stack(smoke: Path) -> None:
+def test_adopt_a_losing_candidate_held_by_a_stack_keeps_its_status(smoke: Path) -> None:
+    # Issue 30's case: region-cache is served (in smoke-cpu, with its 4 + 4 evidence); a
+    # weaker trial's "do not adopt" must neither park it nor replace that evidence.
+    assert run_frank("lock", cwd=smoke).code == 0
     assert plan(smoke, "rc", "--blocks", "5").code == 0
     rows = rows_for(smoke, "rc", {"A": [1.0, 2.0, 1.0, 1.0, 1.0], "B": [1.5, 1.0, 2, 2, 2]})
     assert run_frank("trial", "record", "rc", str(write_json(smoke / "m.json", rows)),
                      cwd=smoke).code == 0
-    before = (smoke / "stacks/nocache.toml").read_text()
+    manifest = smoke / "parts/region-cache/1.toml"
+    earlier = load(manifest)["evidence"]
+    stacks = {p.name: p.read_text() for p in (smoke / "stacks").glob("*.toml")}
     out = run_frank("trial", "adopt", "rc", "--into", "stacks/nocache.toml", cwd=smoke)
     assert out.code == 0 and "do not adopt" in out.out, out.err
-    m = load(smoke / "parts/region-cache/1.toml")
-    assert m["status"] == "parked" and "B better in 1 of 5 blocks" in m["evidence"]["result"]
-    assert (smoke / "stacks/nocache.toml").read_text() == before
+    assert "region-cache 1 stays served" in out.out and "stacks/smoke-cpu.toml" in out.out
+    m = load(manifest)
+    assert m["status"] == "served"
+    assert m["evidence"][0] == earlier
+    assert "B better in 1 of 5 blocks" in m["evidence"][1]["result"]
+    assert {p.name: p.read_text() for p in (smoke / "stacks").glob("*.toml")} == stacks
+    assert run_frank("lock", "--check", cwd=smoke).code == 0  # smoke-cpu.lock relocked
+    assert run_frank("check", cwd=smoke).code == 0
+    # adopting the same trial again would record its evidence twice: refused, nothing written
+    before = snapshot(smoke)
+    one_line_error(run_frank("trial", "adopt", "rc", "--into", "stacks/nocache.toml",
+                             cwd=smoke), "parts/region-cache/1.toml", "evidence",
+                   "already in its evidence")
+    assert snapshot(smoke) == before
+
+
+def test_adopt_a_losing_candidate_no_stack_holds_is_rejected(repo: Path) -> None:
+    # B (outside stacks/) moves served's expert plan to the published one, which no stack in
+    # stacks/ holds: "do not adopt" with --rejected rejects it, and check still passes.
+    (repo / "experiments").mkdir()
+    (repo / "experiments/pub.toml").write_text(
+        'extends = "../stacks/served.toml"\n[replace]\nexpert-plan = "published"\n')
+    closure = repo / "stacks/pylock.served.toml"  # a data part asks nothing more of Python
+    if closure.is_file():
+        (repo / "experiments/pylock.pub.toml").write_bytes(closure.read_bytes())
+    r = run_frank("trial", "plan", "served", "experiments/pub.toml", "--name", "pub",
+                  "--metric", "m", "--direction", "lower", "--blocks", "5", "--seed", "5",
+                  "--seal", cwd=repo)
+    assert r.code == 0, r.err
+    rows = rows_for(repo, "pub", {"A": [1.0] * 5, "B": [2.0] * 5})
+    assert run_frank("trial", "record", "pub", str(write_json(repo / "m.json", rows)),
+                     cwd=repo).code == 0
+    out = run_frank("trial", "adopt", "pub", "--rejected", cwd=repo)
+    assert out.code == 0, out.err
+    assert "do not adopt" in out.out and "parts/expert-plan/published.toml is rejected" in out.out
+    m = load(repo / "parts/expert-plan/published.toml")
+    assert m["status"] == "rejected" and m["evidence"][-1]["trial"].startswith("pub sha256:")
+    assert load(repo / "parts/expert-plan/own-traffic.toml")["status"] == "served"
+    assert run_frank("check", cwd=repo).code == 0
+
+
+def test_adopt_a_removal_changes_only_that_part_and_breaks_no_stack(smoke: Path) -> None:
+    # A = smoke-cpu, B = nocache (smoke-cpu minus region-cache); removing won.
+    assert run_frank("lock", cwd=smoke).code == 0
+    r = run_frank("trial", "plan", "smoke-cpu", "stacks/nocache.toml", "--name", "rm",
+                  "--metric", "m", "--direction", "lower", "--blocks", "5", "--seed", "5",
+                  "--seal", cwd=smoke)
+    assert r.code == 0, r.err
+    assert load(smoke / "trials/rm.toml")["subject"] == {"part": "region-cache",
+                                                         "change": "remove", "a": "1"}
+    rows = rows_for(smoke, "rm", {"A": [2.0] * 5, "B": [1.0] * 5})
+    assert run_frank("trial", "record", "rm", str(write_json(smoke / "m.json", rows)),
+                     cwd=smoke).code == 0
+    # into smoke-cpu itself: nocache (its child, `remove = ["region-cache"]`) would break
+    before = snapshot(smoke)
+    one_line_error(run_frank("trial", "adopt", "rm", "--into", "smoke-cpu", cwd=smoke),
+                   "would break nocache.toml", "remove.region-cache")
+    assert snapshot(smoke) == before
+    # into a served copy of smoke-cpu: it loses region-cache and nothing else changes
+    (smoke / "stacks/prod.toml").write_text((smoke / "stacks/smoke-cpu.toml").read_text())
+    assert run_frank("lock", "stacks/prod.toml", cwd=smoke).code == 0
+    out = run_frank("trial", "adopt", "rm", "--into", "prod", cwd=smoke)
+    assert out.code == 0, out.err
+    assert "remove region-cache 1 into stacks/prod.toml" in out.out
+    prod = load(smoke / "stacks/prod.toml")
+    smoke_cpu = load(smoke / "stacks/smoke-cpu.toml")
+    assert prod["parts"] == {"tiny-llama": "seed0"}
+    assert {k: v for k, v in prod.items() if k != "parts"} == \
+        {k: v for k, v in smoke_cpu.items() if k != "parts"}
+    assert json.loads((smoke / "stacks/prod.lock").read_text())["digest"] == \
+        digests(smoke, "rm")["B"]
+    m = load(smoke / "parts/region-cache/1.toml")  # smoke-cpu still holds it: not parked
+    assert m["status"] == "served" and len(m["evidence"]) == 2
+    assert "stays served" in out.out
+    assert run_frank("lock", "--check", cwd=smoke).code == 0
+    assert run_frank("check", cwd=smoke).code == 0
+
+
+def test_plan_seals_one_subject_and_refuses_arms_without_one(smoke: Path) -> None:
+    assert plan(smoke, "rc", "--blocks", "5", "--subject", "region-cache").code == 0
+    t = load(smoke / "trials/rc.toml")
+    assert t["subject"] == {"part": "region-cache", "change": "add", "b": "1"}
+    assert "subject.part" in t["seal"]["fields"]
+    one_line_error(plan(smoke, "x", "--blocks", "5", "--subject", "tiny-llama"), "--subject",
+                   "B differs from A in region-cache", "not in tiny-llama")
+    (smoke / "stacks/env.toml").write_text('extends = "smoke-cpu.toml"\n[env]\nX = "1"\n')
+    env_only = run_frank("trial", "plan", "smoke-cpu", "stacks/env.toml", "--name", "e",
+                         "--metric", "m", "--direction", "lower", "--blocks", "5", cwd=smoke)
+    one_line_error(env_only, "a trial is about one part", "by no part")
+    (smoke / "stacks/two.toml").write_text('extends = "nocache.toml"\nremove = ["tiny-llama"]\n')
+    two = run_frank("trial", "plan", "smoke-cpu", "stacks/two.toml", "--name", "t",
+                    "--metric", "m", "--direction", "lower", "--blocks", "5", cwd=smoke)
+    one_line_error(two, "remove region-cache 1, remove tiny-llama seed0")
+    assert not any((smoke / "trials").glob("[ext]*.toml"))
+
+
+def test_adopt_refuses_a_plan_sealed_without_a_subject(smoke: Path) -> None:
+    # a plan sealed before trials had a subject: still valid to run and decide, never adopted
+    assert plan(smoke, "old", "--blocks", "5", seal=False).code == 0
+    path = smoke / "trials/old.toml"
+    text = path.read_text()
+    start = text.index("[subject]")
+    path.write_text(text[:start] + text[text.index("[metric]"):])
+    assert run_frank("trial", "seal", "old", cwd=smoke).code == 0
+    rows = rows_for(smoke, "old", {"A": [2.0] * 5, "B": [1.0] * 5})
+    assert run_frank("trial", "record", "old", str(write_json(smoke / "m.json", rows)),
+                     cwd=smoke).code == 0
+    assert json.loads(run_frank("trial", "decide", "old", "--json",
+                                cwd=smoke).out)["verdict"] == "adopt"
+    before = snapshot(smoke)
+    one_line_error(run_frank("trial", "adopt", "old", "--into", "stacks/nocache.toml",
+                             cwd=smoke), "trials/old.toml", "subject", "names no [subject]",
+                   "plan it again")
+    assert snapshot(smoke) == before
+
+
+def test_check_refuses_a_parked_or_rejected_part_in_any_stack(smoke: Path) -> None:
+    assert run_frank("check", cwd=smoke).code == 0
+    manifest = smoke / "parts/region-cache/1.toml"
+    original = manifest.read_text()
+    manifest.write_text(original.replace('status = "served"', 'status = "parked"'))
+    one_line_error(run_frank("check", cwd=smoke), "stacks/served.toml", "parts.region-cache",
+                   "region-cache 1 is parked", "may not be in any stack")
+    manifest.write_text(original)
+    # a child stack that brings a rejected part is named with the field that brings it
+    (smoke / "stacks/pub.toml").write_text(
+        'extends = "served.toml"\n[replace]\nexpert-plan = "published"\n')
+    assert run_frank("check", cwd=smoke).code == 0
+    pub = smoke / "parts/expert-plan/published.toml"
+    pub.write_text(pub.read_text().replace('status = "candidate"', 'status = "rejected"'))
+    one_line_error(run_frank("check", cwd=smoke), "stacks/pub.toml", "replace.expert-plan",
+                   "expert-plan published is rejected")
 
 
 # --- run against a fake engine ----------------------------------------------------------------
@@ -504,7 +648,7 @@ def test_adopt_a_version_change_and_revert_back(repo: Path) -> None:
     assert text.startswith("# served with the published expert plan") and "replace" not in text
     assert json.loads((repo / "stacks/published.lock").read_text())["digest"] == d["B"]
     m = load(repo / "parts/expert-plan/own-traffic.toml")
-    assert m["status"] == "served" and "(-2.56%)" in m["evidence"]["result"]
+    assert m["status"] == "served" and "(-2.56%)" in m["evidence"][-1]["result"]
     assert m["revert"]["to"] == "published"
     hist = json.loads((repo / "stacks/published.history.jsonl").read_text().splitlines()[-1])
     assert hist["action"] == "adopt:version" and hist["from"] == "published"

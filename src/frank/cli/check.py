@@ -7,16 +7,24 @@ import click
 from frank.catalog import Catalog
 from frank.cli.output import emit_json, json_option
 from frank.project import lock_stack, repo_root_for
+from frank.stackfiles import stack_files
+from frank.standing import shelved_part
 
 
 @click.command()
 @json_option
 def check(as_json: bool) -> None:
-    """Validate all parts/ manifests and resolve all stacks/ (writes nothing)."""
+    """Validate all parts/ manifests and resolve all stacks/ (writes nothing); a parked or
+    rejected part in any stack is refused."""
     root = repo_root_for()
     catalog = Catalog(root)
     manifests = catalog.all()
-    stacks = [lock_stack(str(p), catalog).lock for p in sorted((root / "stacks").glob("*.toml"))]
+    locked = [lock_stack(str(p), catalog) for p in stack_files(root)]
+    for one in locked:
+        bad = shelved_part(one.resolved)
+        if bad is not None:
+            raise bad
+    stacks = [one.lock for one in locked]
     if as_json:
         emit_json({"manifests": [m.rel for m in manifests],
                    "stacks": {s.stack: s.digest for s in stacks}})

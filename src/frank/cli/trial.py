@@ -34,19 +34,29 @@ def trial() -> None:
               default=0.05, show_default=True)
 @click.option("--seed", type=click.IntRange(min=0), default=None,
               help="Seed of the run order (default: drawn and recorded).")
+@click.option("--subject", default=None,
+              help="The part the trial is about; refused unless it is the one part B changes.")
 @click.option("--seal", "do_seal", is_flag=True, help="Seal the plan right away.")
 def plan(a: str, b: str, name: str, metric: str, label: str | None, direction: str,
          kind: str, blocks: int | None, starts_per_arm: int | None, alpha: float,
-         seed: int | None, do_seal: bool) -> None:
-    """Write trials/NAME.toml comparing stack A (current) with stack B (candidate)."""
+         seed: int | None, subject: str | None, do_seal: bool) -> None:
+    """Write trials/NAME.toml comparing stack A (current) with stack B (candidate).
+
+    B must be A with one part added, removed or at another version: that part and its change
+    are the trial's [subject], sealed with the rule, and the only part adopt may touch.
+    """
     from frank.trial.plan import plan as make_plan
 
     path = make_plan(a, b, name=name, metric=metric, label=label,
                      direction=direction,  # type: ignore[arg-type]
                      kind=kind,  # type: ignore[arg-type]
                      blocks=blocks, alpha=alpha, seed=seed, starts_per_arm=starts_per_arm,
-                     seal=do_seal)
-    click.echo(f"wrote {path}{' (sealed)' if do_seal else ''}")
+                     seal=do_seal, subject=subject)
+    from frank.trial.model import read_trial
+
+    about = read_trial(path).subject
+    click.echo(f"wrote {path}{' (sealed)' if do_seal else ''}"
+               f"{f'; subject: {about.describe()}' if about else ''}")
 
 
 @trial.command()

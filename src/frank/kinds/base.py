@@ -190,7 +190,8 @@ class PartBase(Strict):
     summary: str
     provenance: Provenance
     status: Status
-    evidence: Evidence | None = None
+    # one [evidence] table, or [[evidence]] once trials append theirs (earlier ones stay)
+    evidence: Evidence | list[Evidence] | None = None
     requires: list[Slug] = []
     conflicts: list[Slug] = []
     replaces: str | None = None

@@ -81,6 +81,33 @@ class DesignSpec(Strict):
         return self
 
 
+class SubjectSpec(Strict):
+    """What the trial is about: the one part B changes, and how. ``adopt`` touches that part
+    and nothing else; sealing it means no later reading of the arms can change it."""
+
+    part: Slug
+    change: Literal["add", "remove", "version"]
+    a: Slug | None = None  # the part's version in arm A (none when B adds it)
+    b: Slug | None = None  # the part's version in arm B (none when B removes it)
+
+    @model_validator(mode="after")
+    def _versions_fit_change(self) -> SubjectSpec:
+        want = {"add": (False, True), "remove": (True, False), "version": (True, True)}
+        if ((self.a is not None), (self.b is not None)) != want[self.change]:
+            raise ValueError({"add": "an add has b (B's version) and no a",
+                              "remove": "a remove has a (A's version) and no b",
+                              "version": "a version change has both a and b"}[self.change])
+        if self.change == "version" and self.a == self.b:
+            raise ValueError(f"a and b are both {self.a!r}: that is no change")
+        return self
+
+    def describe(self) -> str:
+        """``add region-cache 1``, ``remove rs8 1``, ``expert-plan published -> own-traffic``."""
+        if self.change == "version":
+            return f"{self.part} {self.a} -> {self.b}"
+        return f"{self.change} {self.part} {self.b if self.change == 'add' else self.a}"
+
+
 class StartSpec(Strict):
     """One start of the sealed order."""
 
@@ -102,6 +129,7 @@ class Trial(Strict):
 
     name: Slug
     arms: Arms
+    subject: SubjectSpec | None = None  # None only in plans sealed before subjects were
     metric: MetricSpec
     design: DesignSpec
     order: list[StartSpec]
@@ -180,6 +208,11 @@ def render_trial(trial: Trial, header: str | None = None) -> str:
         arm.comment("current" if key == "A" else "candidate")
         arms[key] = arm
     doc["arms"] = arms
+    if "subject" in data:
+        subject = tomlkit.table()
+        subject.update(data["subject"])
+        subject.comment("what B changes: the one part `frank trial adopt` may touch")
+        doc["subject"] = subject
     for section in ("metric", "design"):
         table = tomlkit.table()
         table.update(data[section])

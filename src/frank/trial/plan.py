@@ -18,14 +18,25 @@ from frank.project import lock_stack
 from frank.tomlio import validation_to_error
 from frank.trial.design import Direction, Kind, draw_order, rule_text
 from frank.trial.metric import MetricError, parse
-from frank.trial.model import DesignSpec, trial_path, validate_trial, write_trial
+from frank.trial.model import (
+    DesignSpec,
+    SubjectSpec,
+    trial_path,
+    validate_trial,
+    write_trial,
+)
 from frank.trial.seal import seal_file
 
 
 def plan(a: str, b: str, *, name: str, metric: str, label: str | None, direction: Direction,
          kind: Kind, blocks: int | None, alpha: float, seed: int | None,
-         starts_per_arm: int | None, seal: bool, root: Path | None = None) -> Path:
-    """Write ``trials/NAME.toml`` (and seal it when asked); returns its path."""
+         starts_per_arm: int | None, seal: bool, root: Path | None = None,
+         subject: str | None = None) -> Path:
+    """Write ``trials/NAME.toml`` (and seal it when asked); returns its path.
+
+    ``subject``, if given, is the part the caller means the trial to be about; it must be
+    the one part in which B differs from A (the plan records that part and its change).
+    """
     try:
         check_slug(name)
     except ValueError as exc:
@@ -61,6 +72,14 @@ def plan(a: str, b: str, *, name: str, metric: str, label: str | None, direction
     if locked["A"].lock.digest == locked["B"].lock.digest:
         raise FrankError(f"{a} and {b} lock to the same digest {locked['A'].lock.digest}: "
                          "there is nothing to compare", field="B")
+    found = subject_between(*({p.name: p.version for p in locked[arm].lock.parts}
+                               for arm in ("A", "B")))
+    if isinstance(found, str):
+        raise FrankError(f"a trial is about one part: B must be A with one part added, removed "
+                         f"or at another version; {b} differs from {a} by {found}", field="B")
+    if subject is not None and subject != found.part:
+        raise FrankError(f"B differs from A in {found.part} ({found.describe()}), not in "
+                         f"{subject}", field="--subject")
     if seed is None:
         seed = secrets.randbits(32)
     text = label or metric
@@ -69,6 +88,7 @@ def plan(a: str, b: str, *, name: str, metric: str, label: str | None, direction
         "name": name,
         "arms": {arm: {"stack": _rel(lk.resolved.stack.path), "digest": lk.lock.digest}
                  for arm, lk in locked.items()},
+        "subject": found.model_dump(mode="json", exclude_none=True),
         "metric": {"expr": metric, "label": text, "direction": direction},
         "design": {"kind": kind, "blocks": blocks, "starts_per_arm": per_arm, "alpha": alpha,
                    "seed": seed,
@@ -76,7 +96,8 @@ def plan(a: str, b: str, *, name: str, metric: str, label: str | None, direction
         "order": [{"start": s.index, "block": s.block, "arm": s.arm} for s in order],
     }
     trial = validate_trial(raw, path)
-    header = (f"Trial {name}: A (current) = {a}, B (candidate) = {b}.\n"
+    header = (f"Trial {name}: A (current) = {a}, B (candidate) = {b}: "
+              f"{found.describe()}.\n"
               "Written by `frank trial plan` before any start; `frank trial seal` fixes it.")
     write_trial(path, trial, header)
     if seal:
@@ -87,3 +108,15 @@ def plan(a: str, b: str, *, name: str, metric: str, label: str | None, direction
 def _rel(stack: Path) -> str:
     """A stack path as the trial stores it: relative to its repo root."""
     return stack.resolve().relative_to(find_repo_root(stack.parent)).as_posix()
+
+
+def subject_between(a: dict[str, str], b: dict[str, str]) -> SubjectSpec | str:
+    """The one part (name -> version maps of the two arms) in which B differs from A, or,
+    when there is not exactly one, the differences in words."""
+    changes = [SubjectSpec(part=n, change="add", b=b[n]) for n in sorted(set(b) - set(a))]
+    changes += [SubjectSpec(part=n, change="remove", a=a[n]) for n in sorted(set(a) - set(b))]
+    changes += [SubjectSpec(part=n, change="version", a=a[n], b=b[n])
+                for n in sorted(set(a) & set(b)) if a[n] != b[n]]
+    if len(changes) == 1:
+        return changes[0]
+    return ", ".join(c.describe() for c in changes) or "no part (only flags, env or model)"

@@ -22,8 +22,10 @@ from frank.trial.model import Trial, read_trial
 
 
 def sealed_content(trial: Trial) -> dict[str, Any]:
-    """What the seal covers: everything in the trial file but the seal itself."""
-    return trial.model_dump(mode="json", exclude={"seal"})
+    """What the seal covers: everything in the trial file but the seal itself, as the file
+    writes it (no empty values: a subject's absent version, or the whole subject of a plan
+    sealed before subjects existed, whose seal must still verify)."""
+    return trial.model_dump(mode="json", exclude={"seal"}, exclude_none=True)
 
 
 def _leaves(value: Any, prefix: str) -> dict[str, Any]:
