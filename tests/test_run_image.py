@@ -53,6 +53,7 @@ ENGINE_PY = "\n".join([
     "http.server.HTTPServer(('127.0.0.1', port), H).serve_forever()",
 ]) + "\n"
 DYING_ENGINE = "import sys; print('boom: this engine gives up', file=sys.stderr); sys.exit(3)"
+SILENT_ENGINE = "import time; print('silent engine', flush=True); time.sleep(600)"
 
 
 def free_port() -> int:
@@ -96,21 +97,23 @@ def engine_stack(repo: Path, name: str, script: str, port: int, extra: str = "")
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A repo copy with smoke-cpu, a tiny-engine stack, a dying-engine stack and a GPU
-    stack bound to all interfaces composed; and a hub cache holding the tiny model."""
+    """A repo copy with smoke-cpu, stacks of a tiny engine, one that dies and one that
+    never answers, and a GPU stack bound to all interfaces, composed; and a hub cache
+    holding the tiny model."""
     repo = copy_repo(tmp_path_factory.mktemp("run") / "repo")
     local_weights(repo, tmp_path_factory.mktemp("weights") / "my-model")
     engine_stack(repo, "tiny", TINY_ENGINE, free_port())
     engine_stack(repo, "dying", DYING_ENGINE, free_port())
+    engine_stack(repo, "silent", SILENT_ENGINE, free_port())
     (repo / "stacks/gpu.toml").write_text(
         'extends = "smoke-cpu.toml"\n[target]\narch = "cpu"\ngpus = 2\n'
         '[flags]\nhost = "0.0.0.0"\n')
     out = {name: Path(compose(repo, f"stacks/{name}.toml"))
-           for name in ("smoke-cpu", "tiny", "dying", "gpu")}
+           for name in ("smoke-cpu", "tiny", "dying", "silent", "gpu")}
     model = build_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
     hub = tmp_path_factory.mktemp("hub")
     assert publish(model, hub, "frank-test/tiny-llama") == REVISION
-    return {"repo": repo, "hub": hub, **out}
+    return {"repo": repo, "hub": hub, "model": model, **out}
 
 
 def one_line(result: subprocess.CompletedProcess[str], *needles: str) -> str:
@@ -199,6 +202,18 @@ def test_print_links_a_layout_whose_path_is_not_an_image_name(built: dict[str, P
                             str(built["hub"]), cwd=built["repo"]).stdout)
     assert plan["link"] == f"/tmp/{plan['container']}/image"
     assert plan["prepare"][0][-1] == f"oci:{plan['link']}"
+
+
+def test_model_dir_is_mounted_as_the_pinned_snapshot(built: dict[str, Path]) -> None:
+    plan = json.loads(frank("run", "stacks/smoke-cpu.toml", "--print", "--json", "--model-dir",
+                            str(built["model"]), cwd=built["repo"]).stdout)
+    snapshot = f"/frank/hub/models--frank-test--tiny-llama/snapshots/{REVISION}"
+    assert plan["mounts"] == [{"host": str(built["model"]), "container": snapshot}]
+    assert plan["run"][-2:] == ["--cache-dir", "/frank/hub"]
+    # a hub snapshot's files are links into blobs/, outside the folder that would be mounted
+    linked = built["hub"] / f"models--frank-test--tiny-llama/snapshots/{REVISION}"
+    one_line(frank("run", "stacks/smoke-cpu.toml", "--model-dir", str(linked),
+                   cwd=built["repo"]), "links out of the mounted folder")
 
 
 # --- refusals, in one line, before anything runs ----------------------------------------------
@@ -353,3 +368,16 @@ def test_an_engine_that_dies_first_is_one_line_quoting_it(built: dict[str, Path]
     line = one_line(result, "the container exited 3 before", "boom: this engine gives up")
     assert line == result.stderr.strip().splitlines()[-1]
     assert frank_containers() == before
+
+
+@needs_buildah
+def test_an_engine_that_never_answers_is_stopped_at_the_deadline(built: dict[str, Path]) -> None:
+    lock = json.loads((built["repo"] / "stacks/silent.lock").read_text())
+    before = frank_containers()
+    start = time.monotonic()
+    result = frank("run", "stacks/silent.toml", "--wait-ready", "4", cwd=built["repo"])
+    one_line(result, "--wait-ready", "did not answer 200 within 4 s; stopped the container",
+             "silent engine")
+    assert time.monotonic() - start < 40
+    assert frank_containers() == before
+    assert not processes_mentioning(f"--port {lock['flags']['port']}")

@@ -90,11 +90,14 @@ def _parent(pid: int) -> int | None:
 
 
 def _pump(src: IO[bytes], dest: IO[bytes], tail: collections.deque[str]) -> None:
+    """Pass the container's lines on (not buildah's own exit notes), keeping the last."""
     for line in iter(src.readline, b""):
+        text = line.decode(errors="replace").strip()
+        if _ENGINE_NOISE.fullmatch(text):
+            continue
         dest.write(line)
         dest.flush()
-        text = line.decode(errors="replace").strip()
-        if text and not _ENGINE_NOISE.fullmatch(text):
+        if text:
             tail.append(text)
 
 
