@@ -200,7 +200,8 @@ def test_print_links_a_layout_whose_path_is_not_an_image_name(built: dict[str, P
     shutil.copytree(built["smoke-cpu"], odd, copy_function=os.link)
     plan = json.loads(frank("run", str(odd), "--print", "--json", "--hub-cache",
                             str(built["hub"]), cwd=built["repo"]).stdout)
-    assert plan["link"] == f"/tmp/{plan['container']}/image"
+    tag = plan["container"].removeprefix("frank-run-")
+    assert plan["link"] == f"/tmp/frank-oci-{tag}/image"
     assert plan["prepare"][0][-1] == f"oci:{plan['link']}"
 
 

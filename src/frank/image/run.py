@@ -174,9 +174,9 @@ def plan(image: VerifiedImage, lock: dict[str, Any], engine: Engine, *, w: Weigh
          extra_env: dict[str, str], args: list[str]) -> RunPlan:
     """The commands that run ``image`` with ``engine``: entrypoint, then the launcher's
     weight arguments and ``args`` (in place of the image's cmd)."""
-    ctr = f"frank-run-{uuid.uuid4().hex[:12]}"
-    layout = str(image.layout)
-    link = None if _TAME.fullmatch(layout) else f"/tmp/{ctr}/image"
+    tag = uuid.uuid4().hex[:12]
+    ctr, layout = f"frank-run-{tag}", str(image.layout)
+    link = None if _TAME.fullmatch(layout) else f"/tmp/frank-oci-{tag}/image"
     ref = f"oci:{link or layout}"
     flags = lock.get("flags", {})
     host, port = str(flags.get("host") or "0.0.0.0"), int(flags.get("port", 8000))
