@@ -111,4 +111,5 @@ def test_patch_must_apply_to_the_engine_commit(repo: Path) -> None:
         'applies_to = ["' + "1" * 40 + '"]'))
     result = frank("lock", "stacks/served.toml", cwd=repo)
     assert result.code == 2
-    assert "mhc-overlap applies to 111111111111 but vllm-base is at ee0da84ab9e0" in result.err
+    assert "mhc-overlap applies to 1111111111111111111 but vllm-base is ee0da84ab9e04ac7610" \
+        in result.err

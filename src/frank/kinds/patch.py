@@ -16,6 +16,7 @@ from pydantic import model_validator
 from frank.errors import FrankError
 from frank.kinds.base import FileCopy, LayerContribution, PartBase, PartContext
 from frank.pins import Commit, GitUrl, SafeHttpUrl, Sha256
+from frank.pins import Digest as WheelDigest
 
 # Paths whose change means vLLM must be compiled (VLLM.md, "Building vLLM").
 COMPILED_PATHS = re.compile(
@@ -63,7 +64,8 @@ class Patch(PartBase):
     file: str | None = None
     url: SafeHttpUrl | None = None
     sha256: Sha256 | None = None
-    applies_to: list[Commit]
+    # the engine commits (or engine wheels, "sha256:<hex>") the diff was made against
+    applies_to: list[Commit | WheelDigest]
     touches_compiled: bool
 
     @model_validator(mode="after")
