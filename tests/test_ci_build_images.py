@@ -57,7 +57,8 @@ def run_ci(root: Path, *args: str, cache: Path, registry: str | None,
     """Run the copy's ci/build-images as the workflow does; read its summary.tsv."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("FRANK_REGISTRY", "FRANK_BUILDER", "FRANK_ONLY_DAEMONLESS",
-                        "FRANK_REQUIRE_ALL", "FRANK_CI_OUT", "GITHUB_STEP_SUMMARY")}
+                        "FRANK_REQUIRE_ALL", "FRANK_CI_OUT", "GITHUB_STEP_SUMMARY",
+                        "FRANK_CI_MAX_CLOSURE_GB")}
     env.update(FRANK_CACHE=str(cache), FRANK_PYTHON=sys.executable)
     if registry is not None:
         env["FRANK_REGISTRY"] = registry
@@ -121,7 +122,8 @@ def built(tmp_path_factory: pytest.TempPathFactory, registry: str,
         if shutil.which(tool) is None:
             pytest.skip(f"{tool} not installed (scripts/setup installs it)")
     root = make_repo(tmp_path_factory.mktemp("ci-repo") / "repo")
-    return root, run_ci(root, "--only-daemonless", cache=cache, registry=registry)
+    return root, run_ci(root, "--only-daemonless", "--max-closure-gb", "0", cache=cache,
+                        registry=registry)
 
 
 @pytest.mark.slow
@@ -149,24 +151,25 @@ def test_smoke_cpu_is_pushed_by_digest_and_print_checked(built: tuple[Path, Run]
 
 
 @pytest.mark.slow
-def test_stacks_needing_run_steps_are_reported_plan_only(built: tuple[Path, Run]) -> None:
+def test_stacks_over_the_closure_limit_are_reported_plan_only(built: tuple[Path, Run]) -> None:
     root, run = built
     assert run.code == 0, run.err
-    for stack in ("served", "candidate"):
+    for stack in ("served", "candidate", "served-cpu"):
         rec = run.summary[stack]
         assert rec["status"] == "plan-only", rec
-        assert "plan + context only (needs container engine and network" in rec["detail"]
+        assert "plan + context only (its Python closure is" in rec["detail"]
+        assert "GB of wheels, over --max-closure-gb 0)" in rec["detail"]
         assert f"{stack}: NOT BUILT: plan + context only" in run.err
         cout = root / "out" / "ci" / stack / "compose"
         plan = json.loads((cout / "plan.json").read_text())
-        assert plan  # the plan is written and parses
-        assert "RUN " in (cout / "context" / "Dockerfile").read_text()
+        assert not any(layer["run"] for layer in plan["layers"])  # RUN-free: only too big
+        assert "RUN " not in (cout / "context" / "Dockerfile").read_text()
         assert not (cout / "image").exists()
-    assert "1 of 3 stacks built and checked; 2 plan + context only" in run.err
-    assert set(run.summary) == {"smoke-cpu", "served", "candidate"}
+    assert float(run.summary["served"]["detail"].split(" is ")[1].split()[0]) > 4
+    assert "1 of 4 stacks built and checked; 3 plan + context only" in run.err
+    assert set(run.summary) == {"smoke-cpu", "served", "candidate", "served-cpu"}
 
 
-@pytest.mark.slow
 def test_second_run_reuses_the_cache(built: tuple[Path, Run], registry: str,
                                      cache: Path) -> None:
     root, first = built
@@ -201,7 +204,8 @@ def test_stale_lock_fails(tmp_path: Path) -> None:
     root = make_repo(tmp_path / "repo")
     stack = root / "stacks" / "smoke-cpu.toml"
     stack.write_text(stack.read_text().replace("port = 8000", "port = 8001"))
-    run = run_ci(root, "--only-daemonless", "smoke-cpu", "served", cache=tmp_path / "cache",
+    run = run_ci(root, "--only-daemonless", "--max-closure-gb", "0", "smoke-cpu", "served",
+                 cache=tmp_path / "cache",
                  registry="127.0.0.1:9/frank-ci")  # never contacted: fails before any push
     assert run.code == 1, run.err
     no_traceback(run.err)
@@ -217,7 +221,8 @@ def test_stale_lock_fails(tmp_path: Path) -> None:
 def test_require_all_fails_on_plan_only_stacks(tmp_path: Path) -> None:
     root = make_repo(tmp_path / "repo")
     job_summary = tmp_path / "step-summary.md"
-    run = run_ci(root, "--only-daemonless", "--require-all", "served", cache=tmp_path / "cache",
+    run = run_ci(root, "--only-daemonless", "--max-closure-gb", "0", "--require-all", "served",
+                 cache=tmp_path / "cache",
                  registry="127.0.0.1:9/frank-ci",
                  extra_env={"GITHUB_STEP_SUMMARY": str(job_summary)})
     assert run.code == 1, run.err
@@ -237,13 +242,14 @@ def test_builder_none_writes_every_plan_and_pushes_nothing(tmp_path: Path) -> No
                  extra_env={"FRANK_BUILDER": "none"})
     assert run.code == 0, run.err
     assert {r["status"] for r in run.summary.values()} == {"plan-only"}
-    assert set(run.summary) == {p.stem for p in (root / "stacks").glob("*.toml")}
+    assert set(run.summary) == {p.stem for p in (root / "stacks").glob("*.toml")
+                                if not p.name.startswith("pylock.")}
     for stack in run.summary:
         cout = root / "out" / "ci" / stack / "compose"
         assert (cout / "plan.json").is_file() and (cout / "context" / "Dockerfile").is_file()
         assert (cout / "frank.lock").read_text() == (root / "stacks" / f"{stack}.lock").read_text()
         assert not (cout / "image").exists()
-    assert "0 of 3 stacks built and checked; 3 plan + context only" in run.err
+    assert "0 of 4 stacks built and checked; 4 plan + context only" in run.err
 
 
 @pytest.mark.parametrize(("args", "registry", "message"), [

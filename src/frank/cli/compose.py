@@ -64,7 +64,8 @@ def compose(stack: str, out_dir: Path | None, locked: bool, builder: str,
     summary = {
         "stack": result.lock.stack, "lock": str(lock_file), "digest": result.lock.digest,
         "out": str(out), "engine": plan.engine.model_dump() if plan.engine else None,
-        "needs_run": plan.needs_run,
+        "needs_run": plan.needs_run, "impure": plan.impure,
+        "closure_bytes": sum(w.size or 0 for x in plan.layers for w in x.wheels),
         "layers": [{"index": x.index, "name": x.name, "key": x.key} for x in plan.layers],
         "image": None if built is None else {
             "digest": built.digest, "layout": str(out / "image"), "builder": built.builder,
