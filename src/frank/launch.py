@@ -256,6 +256,9 @@ def run(lock: dict[str, Any], *, print_only: bool, cache_dir: str | None, ready_
         model = str(weights_folder(spec, env, cache_dir))
     else:
         model = str(fetch_weights(spec, cache_dir, env))
+        # said before the engine starts, so a log shows the order (and tests check it)
+        print(f"frank: weights verified: {spec['name']}: {len(spec.get('files') or {})} files "
+              f"match the lock's sha256 in {model}", file=sys.stderr, flush=True)
     cmd = engine_command(lock, model)
     if print_only:
         shown = {k: env[k] for k in sorted({*lock["env"], "VLLM_PLUGINS"})}
