@@ -344,3 +344,42 @@ def test_a_stale_closure_is_refused_offline(repo: Path, tmp_path: Path) -> None:
     composed = frank("compose", "stacks/fake.toml", "--locked", "--builder", "none", cwd=repo)
     assert composed.code == 2 and "stale" in composed.err
     assert len(composed.err.strip().splitlines()) == 1
+
+
+# -- the shipped stacks -----------------------------------------------------------------------
+
+def test_candidate_adds_exactly_the_rs8_layer_and_the_lock(repo: Path) -> None:
+    plans = {}
+    for stack in ("served", "candidate"):
+        out = frank("compose", f"stacks/{stack}.toml", "--builder", "none", "--locked", "--json",
+                    cwd=repo)
+        assert out.code == 0, out.err
+        plans[stack] = {x["name"]: x["key"] for x in json.loads(out.out)["layers"]}
+    served, candidate = plans["served"], plans["candidate"]
+    assert set(candidate) - set(served) == {"kernel:rs8"} and set(served) <= set(candidate)
+    changed = {name for name in served if served[name] != candidate[name]}
+    assert changed == {"frank:lock"}  # every other layer is reused as it is
+
+
+@pytest.mark.slow
+def test_an_unreachable_patch_url_stops_the_build_in_one_line(repo: Path,
+                                                               tmp_path: Path) -> None:
+    env_cache = tmp_path / "cache"
+    os.environ["FRANK_CACHE"] = str(env_cache)
+    saved = os.environ.pop("FRANK_MIRROR", None)
+    try:
+        out = frank("compose", "stacks/served.toml", "--locked", cwd=repo)
+    finally:
+        del os.environ["FRANK_CACHE"]
+        if saved is not None:
+            os.environ["FRANK_MIRROR"] = saved
+    assert out.code == 2
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 1, out.err
+    assert "cannot fetch https://raw.githubusercontent.com/kacper-daftcode/vLLM-Moet/" in lines[0]
+    sha = "feb899aeeeed2ad211a080ebcd80992b7f3b250260f7a359b9968b51e10c890c"
+    assert f"(sha256 {sha})" in lines[0] and f"put the file at $FRANK_MIRROR/{sha}" in lines[0]
+    assert "build log:" in lines[0]
+    # it stopped before the closure (4.2 GB): only the base's .debs and layer are there
+    blobs = [p.stat().st_size for p in (env_cache / "blobs" / "sha256").iterdir()]
+    assert sum(blobs) < 200_000_000, sum(blobs)

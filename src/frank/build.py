@@ -136,11 +136,14 @@ def _fetch_inputs(layers: list[PlanLayer], fetcher: Fetcher, console: Console,
 
     from frank.fetch import Pinned
 
+    # small pinned files first, on their own: a patch URL that cannot be had fails before
+    # gigabytes of wheels are downloaded
+    patches = [Pinned(layer.patch.source, layer.patch.sha256) for layer in layers
+               if layer.patch and "://" in layer.patch.source]
+    fetcher.fetch_all(patches)
     items = [Pinned(w.url, w.sha256, w.size) for layer in layers for w in layer.wheels]
     items += [Pinned(layer.patch.engine_wheel.url, layer.patch.engine_wheel.sha256,
                      layer.patch.engine_wheel.size) for layer in layers if layer.patch]
-    items += [Pinned(layer.patch.source, layer.patch.sha256) for layer in layers
-              if layer.patch and "://" in layer.patch.source]
     todo = [i for i in items if not fetcher.store.has(i.digest)]
     if todo:
         total = sum(i.size or 0 for i in todo)
@@ -148,9 +151,8 @@ def _fetch_inputs(layers: list[PlanLayer], fetcher: Fetcher, console: Console,
                       DownloadColumn(), console=console, transient=True) as bar:
             task = bar.add_task("fetch", total=total or None, n=len(todo))
             fetcher.fetch_all(todo, progress=lambda i: bar.advance(task, i.size or 0))
-    _log(log, f"inputs: {len(items)} needed, {fetcher.downloaded} downloaded, "
-              f"{fetcher.from_mirror} from a mirror, {fetcher.cached + len(items) - len(todo)} "
-              "already in the store")
+    _log(log, f"inputs: {len(items) + len(patches)} needed, {fetcher.downloaded} downloaded, "
+              f"{fetcher.from_mirror} from a mirror, the rest already in the store")
 
 
 def assemble_layer(layer: PlanLayer, plan: BuildPlan, root: Path, staging: Path,

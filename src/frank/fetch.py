@@ -18,7 +18,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -133,8 +133,12 @@ class Fetcher:
                 progress(item)
             return item.sha256, path
 
-        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            return dict(pool.map(one, unique.values()))
+        pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+        futures = [pool.submit(one, item) for item in unique.values()]
+        try:
+            return dict(f.result() for f in as_completed(futures))
+        finally:  # the first failure stops the queue: no 4 GB download before its one line
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def _put(self, opener: Callable[[], IO[bytes]], item: Pinned, what: str) -> None:
         """Stream into the store; content that is not the pinned hash never enters it."""

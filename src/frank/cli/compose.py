@@ -58,7 +58,6 @@ def compose(stack: str, out_dir: Path | None, locked: bool, builder: str,
         if builder != "none":
             from frank.build import build
 
-            console.print(f"building the image ({builder})")  # build shows its own progress
             built = build(plan, root, stage, builder,  # type: ignore[arg-type]
                           mirrors=mirrors, quiet=as_json)
     summary = {
