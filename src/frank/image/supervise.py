@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 import urllib.parse
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 from typing import IO
@@ -124,9 +125,11 @@ def _port_free(url: str) -> None:
 class Runner:
     """One execution of a plan (see the module docstring for how signals travel)."""
 
-    def __init__(self, plan: RunPlan, ready_timeout: float) -> None:
+    def __init__(self, plan: RunPlan, ready_timeout: float,
+                 output: IO[bytes] | None = None) -> None:
         self.plan = plan
         self.ready_timeout = ready_timeout
+        self.output = output  # both of the container's streams; default ours
         self.proc: subprocess.Popen[bytes] | None = None
         self.signalled: int | None = None
         self.tail: collections.deque[str] = collections.deque(maxlen=20)
@@ -173,44 +176,58 @@ class Runner:
         """Run the plan; the container's exit code, or a FrankError when it never served."""
         handlers = {s: signal.signal(s, self._signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
-            if self.plan.serve:
-                _port_free(self.plan.url)
-            if self.plan.link:
-                Path(self.plan.link).parent.mkdir(mode=0o700)
-                Path(self.plan.link).symlink_to(self.plan.layout)
-            for cmd in self.plan.prepare:
-                _quiet(cmd, f"{Path(cmd[0]).name}, preparing the container")
-            self._remember_image()
-            self.proc = subprocess.Popen(self.plan.run, stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE, start_new_session=True)
-            assert self.proc.stdout is not None and self.proc.stderr is not None
-            self.pumps = [threading.Thread(target=_pump, args=(src, dest, self.tail), daemon=True)
-                     for src, dest in ((self.proc.stdout, sys.stdout.buffer),
-                                       (self.proc.stderr, sys.stderr.buffer))]
-            for t in self.pumps:
-                t.start()
+            self.start()
             if self.plan.serve:
                 self._await_ready()
+            assert self.proc is not None
             code = self.proc.wait()
             return code if code >= 0 else 128 - code
         except _Interrupted as exc:
             return 128 + exc.signum
         finally:
-            self.cleaning = True  # a signal now only hurries the stop: cleanup must finish
-            self._stop()
-            self._drain()
-            self._clean()
+            self.finish()
             for signum, handler in handlers.items():
                 signal.signal(signum, handler)
+
+    def start(self) -> None:
+        """Prepare the working container and start the image's entrypoint in it."""
+        if self.plan.serve:
+            _port_free(self.plan.url)
+        if self.plan.link:
+            Path(self.plan.link).parent.mkdir(mode=0o700)
+            Path(self.plan.link).symlink_to(self.plan.layout)
+        for cmd in self.plan.prepare:
+            _quiet(cmd, f"{Path(cmd[0]).name}, preparing the container")
+        self._remember_image()
+        self.proc = subprocess.Popen(self.plan.run, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, start_new_session=True)
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        outs = (self.output or sys.stdout.buffer, self.output or sys.stderr.buffer)
+        self.pumps = [threading.Thread(target=_pump, args=(src, dest, self.tail), daemon=True)
+                      for src, dest in zip((self.proc.stdout, self.proc.stderr), outs,
+                                           strict=True)]
+        for t in self.pumps:
+            t.start()
+
+    def finish(self) -> None:
+        """Stop the container (SIGTERM, then SIGKILL after the grace) and remove it."""
+        self.cleaning = True  # a signal now only hurries the stop: cleanup must finish
+        self._stop()
+        self._drain()
+        self._clean()
 
     def _await_ready(self) -> None:
         assert self.proc is not None
         start = time.monotonic()
         if launch.wait_ready(self.plan.url, self.proc, self.ready_timeout):
-            print(f"frank: ready: {self.plan.stack} image {self.plan.image} on "
-                  f"{self.plan.url.removesuffix('/health')} ({time.monotonic() - start:.1f} s,"
-                  f" container {self.plan.container} via {self.plan.engine})",
-                  file=sys.stderr, flush=True)
+            ready = (f"frank: ready: {self.plan.stack} image {self.plan.image} on "
+                     f"{self.plan.url.removesuffix('/health')} ({time.monotonic() - start:.1f}"
+                     f" s, container {self.plan.container} via {self.plan.engine})")
+            if self.output is not None:
+                self.output.write(ready.encode() + b"\n")
+                self.output.flush()
+            else:
+                print(ready, file=sys.stderr, flush=True)
             return
         if self.proc.poll() is None:  # still running, never answered
             self._stop()
@@ -258,3 +275,44 @@ class Runner:
 def execute(plan: RunPlan, ready_timeout: float) -> int:
     """Run ``plan`` to the end; see ``Runner``."""
     return Runner(plan, ready_timeout).execute()
+
+
+class Interrupted(Exception):
+    """SIGINT or SIGTERM arrived while ``serving`` held a container (it is removed)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def serving(plan: RunPlan, ready_timeout: float, output: IO[bytes]) -> Iterator[Runner]:
+    """Start ``plan``'s container, yield once /health answers, then stop and remove it.
+
+    Why not ``execute``: a caller that drives the engine itself (a trial's workload) needs
+    the container between ready and stop. The container's output goes to ``output``; a
+    container that never serves is a ``FrankError`` (quoting its last lines) after it is
+    removed; SIGINT/SIGTERM raise ``Interrupted`` so the caller's own cleanup runs too, and
+    a second one during the stop hurries it.
+    """
+    runner = Runner(plan, ready_timeout, output)
+
+    def interrupt(signum: int, _frame: FrameType | None) -> None:
+        if runner.cleaning:
+            runner._kill()
+            return
+        raise Interrupted(signum)
+
+    handlers = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        runner.start()
+        runner._await_ready()
+        assert runner.proc is not None
+        if runner.proc.poll() is not None:  # exited 0 before it ever answered
+            raise FrankError(f"the container exited {runner.proc.returncode} before "
+                             f"{plan.url} answered{runner._last_lines()}")
+        yield runner
+    finally:
+        runner.finish()
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
