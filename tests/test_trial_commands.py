@@ -67,6 +67,12 @@ def run_frank(*args: str, cwd: Path) -> Result:
     return frank(*args, cwd=cwd)
 
 
+def host_run(name: str, *args: str, cwd: Path) -> Result:
+    """`frank trial run NAME --from host`: the fake engine runs on the host (there is no
+    image of it; test_trial_images.py runs arms from their images)."""
+    return frank("trial", "run", name, "--from", "host", *args, cwd=cwd)
+
+
 def one_line_error(result: Result, *needles: str, after_progress: bool = False) -> None:
     """Exit 2 and one error line containing every needle: the only stderr line, or (for
     `run`, which shows progress on stderr first) the last one."""
@@ -552,7 +558,7 @@ def test_run_follows_the_sealed_order_and_resumes_after_a_crash(
     marker.write_text("")
     monkeypatch.setenv("FAKE_CRASH_ONCE", str(marker))
     workload = f"{sys.executable} {tmp / 'workload.py'}"
-    first = run_frank("trial", "run", "s2", "--workload", workload, "--ready-timeout", "30",
+    first = host_run("s2", "--workload", workload, "--ready-timeout", "30",
                       cwd=repo)
     one_line_error(first, "start 1", "crashed", "engine exited with code 3",
                    after_progress=True)
@@ -560,7 +566,7 @@ def test_run_follows_the_sealed_order_and_resumes_after_a_crash(
     assert [(x["start"], x["status"]) for x in recs] == [(1, "crash")]
     one_line_error(run_frank("trial", "decide", "s2", cwd=repo), "start 1", "crashed")
 
-    second = run_frank("trial", "run", "s2", "--workload", workload, "--ready-timeout", "30",
+    second = host_run("s2", "--workload", workload, "--ready-timeout", "30",
                        cwd=repo)
     assert second.code == 0, second.err
     assert "ran 10 start(s), 0 crashed" in second.out
@@ -571,14 +577,14 @@ def test_run_follows_the_sealed_order_and_resumes_after_a_crash(
     assert all(x["metrics"]["fake_work_seconds_count"] == 3 for x in recs[1:])
     d = json.loads(run_frank("trial", "decide", "s2", "--json", cwd=repo).out)
     assert d["p_exact"] == "1/32" and d["verdict"] == "adopt" and d["crashed_starts"] == 1
-    again = run_frank("trial", "run", "s2", "--workload", workload, cwd=repo)
+    again = host_run("s2", "--workload", workload, cwd=repo)
     assert again.code == 0 and "ran 0 start(s)" in again.out
     assert not (repo / "trials/s2.run.lock").exists()
     (repo / "trials/s2.run.lock").write_text(f"{os.getpid()}\n")  # a live run holds it
-    one_line_error(run_frank("trial", "run", "s2", "--workload", workload, cwd=repo),
+    one_line_error(host_run("s2", "--workload", workload, cwd=repo),
                    "trials/s2.run.lock", f"pid {os.getpid()}")
     (repo / "trials/s2.run.lock").write_text("999999999\n")  # its process is gone: stale
-    assert run_frank("trial", "run", "s2", "--workload", workload, cwd=repo).code == 0
+    assert host_run("s2", "--workload", workload, cwd=repo).code == 0
 
     # A root stack that is arm A with no parts: adopting would leave a stack whose one-step
     # revert (drop the only part) cannot resolve, so adopt refuses and writes nothing.
@@ -606,13 +612,18 @@ def test_run_refuses_a_stack_whose_lock_changed_and_a_missing_metric(
                       cwd=repo)
         assert r.code == 0, r.err
     workload = f"{sys.executable} {tmp / 'workload.py'}"
-    nm = run_frank("trial", "run", "nm", "--workload", workload, cwd=repo)
+    # by default each arm starts from its image: none is built, so nothing starts
+    one_line_error(run_frank("trial", "run", "s2", "--workload", workload, cwd=repo),
+                   "out/fake-a/image", "arm A: no image built for stack fake-a",
+                   "run `frank compose stacks/fake-a.toml`")
+    assert not _results(repo, "s2").exists()
+    nm = host_run("nm", "--workload", workload, cwd=repo)
     assert nm.code == 0, nm.err
     one_line_error(run_frank("trial", "decide", "nm", cwd=repo), "metric missing from start 1",
                    "latency_ms")
     stack = repo / "stacks/fake-a.toml"
     stack.write_text(stack.read_text() + '[env]\nEXTRA = "1"\n')
-    one_line_error(run_frank("trial", "run", "s2", "--workload", workload, cwd=repo),
+    one_line_error(host_run("s2", "--workload", workload, cwd=repo),
                    "arms.A.digest", "changed since sealing")
     assert not _results(repo, "s2").exists()
 
@@ -666,7 +677,7 @@ def test_failing_workload_is_a_crash_and_keep_going_records_every_start(
                   "--metric", "fake_work_seconds_sum", "--direction", "lower", "--blocks", "5",
                   "--seal", cwd=repo)
     assert r.code == 0, r.err
-    out = run_frank("trial", "run", "w", "--keep-going", "--no-progress", "--workload",
+    out = host_run("w", "--keep-going", "--no-progress", "--workload",
                     "echo boom >&2; exit 3", cwd=repo)
     assert out.code == 1 and "ran 10 start(s), 10 crashed" in out.out, out.err
     recs = [json.loads(x) for x in _results(repo, "w").read_text().splitlines()]
@@ -687,7 +698,7 @@ def test_workload_past_its_timeout_is_a_crash_and_leaves_nothing_running(
                   "--seal", cwd=repo)
     assert r.code == 0, r.err
     marker = f"sleep 300.{os.getpid()}"  # a command line only this test runs
-    out = run_frank("trial", "run", "t", "--no-progress", "--workload-timeout", "1",
+    out = host_run("t", "--no-progress", "--workload-timeout", "1",
                     "--workload", f"{marker} & {marker}", cwd=repo)
     one_line_error(out, "start 1", "workload ran past 1 s", after_progress=True)
     assert processes_mentioning(marker) == []

@@ -80,21 +80,43 @@ def seal(name: str) -> None:
 @click.option("--stop-timeout", type=float, default=60.0, show_default=True)
 @click.option("--keep-going", is_flag=True, help="Go on after a crashed start.")
 @click.option("--no-progress", is_flag=True, help="No progress bar (logs, CI).")
+@click.option("--from", "source", type=click.Choice(["image", "host"]), default="image",
+              show_default=True,
+              help="image: start each arm's built image (out/<stack>/image, its digest "
+                   "recorded per start); host: the launcher with the host's packages.")
+@click.option("--engine", "engine_name", default="auto", show_default=True,
+              type=click.Choice(["auto", "buildah", "podman", "docker"]),
+              help="Container engine for image starts; auto: the first found.")
+@click.option("--hub-cache", type=click.Path(path_type=Path), default=None,
+              help="Host hub cache mounted for image starts (default: HF_HUB_CACHE / "
+                   "HF_HOME, the stack's env over yours).")
 def run(name: str, workload: str, ready_timeout: float, workload_timeout: float,
-        stop_timeout: float, keep_going: bool, no_progress: bool) -> None:
-    """Run the sealed order: serve each start's stack, run the workload, record it.
+        stop_timeout: float, keep_going: bool, no_progress: bool, source: str,
+        engine_name: str, hub_cache: Path | None) -> None:
+    """Run the sealed order: start each start's arm, run the workload, record it.
 
-    The workload runs once per start with FRANK_TRIAL_BASE_URL, OPENAI_BASE_URL,
-    FRANK_TRIAL_ARM, FRANK_TRIAL_BLOCK and FRANK_TRIAL_START set. Starts already recorded
-    are skipped, so running again resumes after a crash.
+    Each arm starts from its image (`frank compose` it first), which must be built from the
+    lock the plan seals; every blob is re-hashed before each start and the image's digest
+    is recorded with the start. The workload runs once per start with FRANK_TRIAL_BASE_URL,
+    OPENAI_BASE_URL, FRANK_TRIAL_ARM, FRANK_TRIAL_BLOCK, FRANK_TRIAL_START (and, from an
+    image, FRANK_TRIAL_IMAGE) set. Starts already recorded are skipped, so running again
+    resumes after a crash.
     """
+    from frank.image.supervise import Interrupted
     from frank.trial.model import trial_path
     from frank.trial.run import RunOptions, run_trial
 
     opts = RunOptions(workload=workload, ready_timeout=ready_timeout,
                       workload_timeout=workload_timeout, stop_timeout=stop_timeout,
-                      keep_going=keep_going)
-    new = run_trial(trial_path(name), opts, progress=not no_progress)
+                      keep_going=keep_going,
+                      source="host" if source == "host" else "image",
+                      engine=engine_name, hub_cache=hub_cache)
+    try:
+        new = run_trial(trial_path(name), opts, progress=not no_progress)
+    except Interrupted as exc:
+        click.echo(f"frank: interrupted (signal {exc.signum}): the start in flight was not "
+                   "recorded and its container is removed; run again to resume", err=True)
+        sys.exit(128 + exc.signum)
     crashed = sum(1 for r in new if r.status == "crash")
     click.echo(f"ran {len(new)} start(s), {crashed} crashed")
     if crashed:  # --keep-going: all recorded, but the trial cannot be decided as it stands

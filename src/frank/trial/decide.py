@@ -3,18 +3,20 @@
 Why refuse rather than decide on what is there: a rule written for 5 blocks says nothing
 about 4, a start that served another lock measured another variant, and a start run twice
 lets the better run be picked. So results must be exactly the sealed starts, each once,
-each with its metric, each from the sealed lock digest, in the sealed order.
+each with its metric, each from the sealed lock digest, in the sealed order, and all starts
+of one arm from one image.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from statistics import fmean
 from typing import Any
 
 from frank.errors import FrankError
 from frank.trial.design import Outcome, permutation_test, rank_test, sign_test
+from frank.trial.images import NO_IMAGE, measured_images
 from frank.trial.model import Trial, results_path
 from frank.trial.record import StartRecord, read_results
 from frank.trial.seal import load_sealed
@@ -47,6 +49,7 @@ class Decision:
     outcome: Outcome
     crashed_starts: int
     ranges: tuple[tuple[float, float], tuple[float, float]]  # (min, max) of A, then of B
+    images: dict[str, str | None] = field(default_factory=dict)  # arm -> image its starts ran
 
     @property
     def verdict(self) -> str:
@@ -72,7 +75,7 @@ class Decision:
                 "passed": self.outcome.passed, "verdict": self.verdict,
                 "crashed_starts": self.crashed_starts, "ranges": {"A": list(self.ranges[0]),
                                                                   "B": list(self.ranges[1])},
-                "summary": self.summary()}
+                "images": self.images, "summary": self.summary()}
 
 
 def match_results(trial: Trial, digest: str, records: list[StartRecord], path: Path
@@ -173,7 +176,8 @@ def decide(trial: Trial, digest: str, records: list[StartRecord], path: Path) ->
               "balanced": f"{d.starts_per_arm} + {d.starts_per_arm} starts in a balanced order",
               "permutation": f"within-block permutation test, {d.blocks} blocks"}[d.kind]
     return Decision(trial.name, digest, design, d.rule, trial.metric.label, direction,
-                    d.alpha, rows, mean, outcome, crashes, ranges)
+                    d.alpha, rows, mean, outcome, crashes, ranges,
+                    measured_images(list(ok.values()), path))
 
 
 def decide_file(trial_file: Path) -> Decision:
@@ -210,6 +214,8 @@ def render(decision: Decision) -> None:
     console.print(f"metric: {decision.metric} ({decision.direction} is better)", highlight=False)
     (a_lo, a_hi), (b_lo, b_hi) = decision.ranges
     console.print(f"range: A {a_lo:.6g}-{a_hi:.6g}, B {b_lo:.6g}-{b_hi:.6g}", highlight=False)
+    for arm in ("A", "B"):
+        console.print(f"image {arm}: {decision.images.get(arm) or NO_IMAGE}", highlight=False)
     console.print(f"rule: {decision.rule}", highlight=False)
     console.print(f"{o.statistic}; p = {o.p_exact} = {o.p_value:.6g} (alpha {decision.alpha:g})",
                   highlight=False)

@@ -11,16 +11,19 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 
 from frank.errors import FrankError
 from frank.fsutil import write_atomic
 from frank.kinds.base import Strict
 from frank.tomlio import validation_to_error
 from frank.trial.model import Trial, results_path
+
+IMAGE_DIGEST = r"^sha256:[0-9a-f]{64}$"
 
 
 class StartRecord(Strict):
@@ -30,6 +33,7 @@ class StartRecord(Strict):
     block: int
     arm: Literal["A", "B"]
     digest: str  # the lock digest that was served
+    image: str | None = Field(default=None, pattern=IMAGE_DIGEST)  # its manifest digest
     trial: str  # the trial digest (seal hash) it was run under
     status: Literal["ok", "crash"]
     value: float | None = None
@@ -109,7 +113,8 @@ def import_rows(trial: Trial, digest: str, src: Path, existing: list[StartRecord
     """Rows of a CSV/JSON file as start records, each checked against the sealed plan.
 
     Required per row: ``start``, ``arm``, ``digest`` (the lock digest that was served) and
-    ``value``; ``block``, ``started``, ``finished`` are checked or kept when present.
+    ``value``; ``block``, ``image`` (the image's manifest digest), ``started``, ``finished``
+    are checked or kept when present.
     """
     order = {s.start: s for s in trial.order}
     done = {r.start for r in existing if r.status == "ok"}
@@ -138,6 +143,10 @@ def import_rows(trial: Trial, digest: str, src: Path, existing: list[StartRecord
             raise FrankError(f"results for a stack whose lock changed since sealing: arm {arm} "
                              f"was sealed as {expected}, this start served "
                              f"{served or 'no digest'}", file=src, field=f"{where}.digest")
+        image = str(row.get("image") or "") or None
+        if image is not None and not re.fullmatch(IMAGE_DIGEST, image):
+            raise FrankError(f"{image!r} is not an image digest (sha256:<64 hex>)", file=src,
+                             field=f"{where}.image")
         value = _number(row.get("value"), src, f"{where}.value")
         if value is None:
             raise FrankError(f"metric missing from start {start} ({trial.metric.label})",
@@ -147,7 +156,8 @@ def import_rows(trial: Trial, digest: str, src: Path, existing: list[StartRecord
                              file=src, field=f"{where}.start")
         done.add(start)
         out.append(StartRecord(
-            start=start, block=sealed.block, arm=sealed.arm, digest=served, trial=digest,
+            start=start, block=sealed.block, arm=sealed.arm, digest=served, image=image,
+            trial=digest,
             status="ok", value=value, started=row.get("started") or None,
             finished=row.get("finished") or None, source=f"record:{src.name}"))
     return out

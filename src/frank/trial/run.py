@@ -1,12 +1,17 @@
 """`frank trial run`: execute the sealed order, one engine start at a time.
 
-Each start: check the arm's stack still locks to the sealed digest, start the engine
-through the one launcher (``python -m frank.launch`` on that exact lock, as the image does),
-wait for /health, scrape /metrics, run the workload with the server's URL in its
-environment, scrape again, SIGTERM the engine and wait until its whole process group is
-gone (the next start reuses the port), then append the start to the results file. A start
-that fails is recorded as a crash; a later `run` resumes at the first start without a
-result. Why one process group per start: the engine's workers must not outlive it.
+Each start: check the arm's stack still locks to the sealed digest, start the engine, wait
+for /health, scrape /metrics, run the workload with the server's URL in its environment,
+scrape again, stop the engine and wait until it is gone (the next start reuses the port),
+then append the start to the results file. A start that fails is recorded as a crash; a
+later `run` resumes at the first start without a result.
+
+Where the engine comes from (``--from``): by default the arm's image (``out/<stack>/image``,
+see ``trial.images``): built from the sealed lock, every blob re-hashed before each start,
+run through a container engine as ``frank run`` does, its manifest digest recorded per
+start. ``--from host`` runs the one launcher on the host instead (``python -m frank.launch``
+on that exact lock, with the host's packages): one process group per start, so the
+engine's workers cannot outlive it.
 """
 
 from __future__ import annotations
@@ -20,23 +25,31 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from frank.errors import FrankError
+from frank.image.run import RunPlan
 from frank.lock import render_lock
 from frank.procs import group_members
 from frank.project import lock_stack
 from frank.trial.design import Start
+from frank.trial.images import ArmImage, arm_image, check_same_image
 from frank.trial.metric import Expr, MetricError, deltas, parse, parse_prometheus, workload_json
 from frank.trial.model import Trial, repo_of, results_path
 from frank.trial.record import StartRecord, append, read_results
 from frank.trial.seal import load_sealed, utc_now
 
 Report = Callable[[str], None]
+# An engine brought up for one start: entered once it serves, it gives the engine's exit
+# status (None while it runs); a FrankError before that is the start's crash.
+Serve = Callable[[], AbstractContextManager[Callable[[], int | None]]]
+Source = Literal["image", "host"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +61,9 @@ class RunOptions:
     workload_timeout: float = 3600.0
     stop_timeout: float = 60.0
     keep_going: bool = False
+    source: Source = "image"
+    engine: str = "auto"  # the container engine (image starts)
+    hub_cache: Path | None = None  # the weights' hub cache to mount (image starts)
 
 
 def logs_dir(trial_file: Path) -> Path:
@@ -132,33 +148,12 @@ def _tail(path: Path) -> str:
     return lines[-1][:300] if lines else "(empty log)"
 
 
-def run_start(start: Start, lock: dict[str, Any], expr: Expr, opts: RunOptions, *,
-              trial_digest: str, stack: str, root: Path, logs: Path,
-              report: Report) -> StartRecord:
-    """One engine start, end to end; never raises for an engine or workload failure."""
+@contextlib.contextmanager
+def host_engine(lock_file: Path, root: Path, engine_log: Path, base_url: str,
+                opts: RunOptions) -> Iterator[Callable[[], int | None]]:
+    """The launcher on the host, in its own process group, until the start is done."""
     from frank import launch
 
-    logs.mkdir(parents=True, exist_ok=True)
-    tag = f"start-{start.index:03d}"
-    lock_file = logs / f"{tag}.lock.json"
-    lock_file.write_text(json.dumps(lock, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    engine_log = logs / f"{tag}.engine.log"
-    host = str(lock["flags"].get("host", "127.0.0.1"))
-    host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    port = int(lock["flags"].get("port", 8000))
-    base_url = f"http://{host}:{port}"
-    fields: dict[str, Any] = {"start": start.index, "block": start.block, "arm": start.arm,
-                              "digest": lock["digest"], "trial": trial_digest, "stack": stack}
-
-    def crash(error: str, **more: Any) -> StartRecord:
-        return StartRecord(**fields, status="crash", error=error, finished=utc_now(), **more)
-
-    if _port_busy(host, port):
-        return crash(f"port {port} on {host} is already in use before the engine started",
-                     started=utc_now())
-    started = utc_now()
-    fields["started"] = started
-    report("starting engine")
     argv = [sys.executable, "-m", "frank.launch", "--lock", str(lock_file),
             "--ready-timeout", str(opts.ready_timeout)]
     with engine_log.open("wb") as out:
@@ -169,43 +164,139 @@ def run_start(start: Start, lock: dict[str, Any], expr: Expr, opts: RunOptions, 
             code = proc.poll()
             why = (f"engine exited with code {code} before ready" if code is not None
                    else f"engine not ready in {opts.ready_timeout:g} s")
-            return crash(f"{why}: {_tail(engine_log)}")
-        ready = utc_now()
-        fields["ready"] = ready
-        before = scrape(base_url) if expr.series else {}
-        report("running workload")
-        env = {**os.environ, "FRANK_TRIAL_BASE_URL": base_url,
-               "OPENAI_BASE_URL": base_url + "/v1", "FRANK_TRIAL_ARM": start.arm,
-               "FRANK_TRIAL_BLOCK": str(start.block), "FRANK_TRIAL_START": str(start.index),
-               "FRANK_TRIAL_STACK": stack}
-        work = run_workload(opts.workload, env, root, opts.workload_timeout)
-        if work is None:
-            return crash(f"workload ran past {opts.workload_timeout:g} s")
-        (logs / f"{tag}.workload.log").write_text(
-            f"$ {opts.workload}\n--- stdout\n{work.stdout}\n--- stderr\n{work.stderr}",
-            encoding="utf-8")
-        if proc.poll() is not None:
-            return crash(f"engine exited with code {proc.returncode} during the workload: "
-                         f"{_tail(engine_log)}")
-        if work.returncode != 0:
-            err = (work.stderr.strip().splitlines() or ["(no stderr)"])[-1][:300]
-            return crash(f"workload exited with code {work.returncode}: {err}")
-        after = scrape(base_url) if expr.series else {}
-        found = deltas(before, after, expr.series)
-        out_json = workload_json(work.stdout)
-        value: float | None
-        try:
-            value = expr.value(found, out_json)
-            error = None
-        except MetricError as exc:
-            value, error = None, str(exc)
-        return StartRecord(**fields, status="ok", value=value, error=error, metrics=found,
-                           finished=utc_now())
+            raise FrankError(f"{why}: {_tail(engine_log)}")
+        yield proc.poll
+    finally:
+        stop_engine(proc, opts.stop_timeout)
+
+
+@contextlib.contextmanager
+def image_engine(plan: RunPlan, engine_log: Path, opts: RunOptions
+                 ) -> Iterator[Callable[[], int | None]]:
+    """The arm's image in a working container (``frank run``'s), removed when done."""
+    from frank.image import supervise
+
+    with engine_log.open("wb") as out, supervise.serving(plan, opts.ready_timeout, out) as r:
+        assert r.proc is not None
+        yield r.proc.poll
+
+
+def run_start(start: Start, lock: dict[str, Any], expr: Expr, opts: RunOptions, *,
+              trial_digest: str, stack: str, root: Path, logs: Path,
+              report: Report, image: ArmImage | None = None) -> StartRecord:
+    """One engine start, end to end; never raises for an engine or workload failure.
+
+    ``image``: start the arm's image (its manifest digest is recorded); None: the host's
+    launcher on ``lock``.
+    """
+    logs.mkdir(parents=True, exist_ok=True)
+    tag = f"start-{start.index:03d}"
+    engine_log = logs / f"{tag}.engine.log"
+    fields: dict[str, Any] = {"start": start.index, "block": start.block, "arm": start.arm,
+                              "digest": lock["digest"], "trial": trial_digest, "stack": stack}
+    env_more: dict[str, str] = {}
+    serve: Serve
+    if image is None:
+        lock_file = logs / f"{tag}.lock.json"
+        lock_file.write_text(json.dumps(lock, indent=2, sort_keys=True) + "\n",
+                             encoding="utf-8")
+        host = str(lock["flags"].get("host", "127.0.0.1"))
+        host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+        port = int(lock["flags"].get("port", 8000))
+        base_url = f"http://{host}:{port}"
+
+        def serve() -> AbstractContextManager[Callable[[], int | None]]:
+            return host_engine(lock_file, root, engine_log, base_url, opts)
+    else:
+        from frank.image import run as image_run
+        from frank.image.engines import get_engine
+
+        plan = image_run.plan(image.image, image.lock, get_engine(opts.engine),
+                              w=image.weights, extra_env={}, args=[])
+        (logs / f"{tag}.run.json").write_text(json.dumps(plan.as_json(), indent=2) + "\n",
+                                              encoding="utf-8")
+        base_url = plan.url.removesuffix("/health")
+        parsed = urllib.parse.urlsplit(plan.url)
+        host, port = parsed.hostname or "127.0.0.1", parsed.port or 80
+        fields["image"] = image.digest
+        env_more["FRANK_TRIAL_IMAGE"] = image.digest
+
+        def serve() -> AbstractContextManager[Callable[[], int | None]]:
+            return image_engine(plan, engine_log, opts)
+
+    def crash(error: str, **more: Any) -> StartRecord:
+        return StartRecord(**fields, status="crash", error=error, finished=utc_now(), **more)
+
+    if _port_busy(host, port):
+        return crash(f"port {port} on {host} is already in use before the engine started",
+                     started=utc_now())
+    fields["started"] = utc_now()
+    report("starting engine")
+    serving = False
+    try:
+        with serve() as exited:
+            serving = True
+            return _measure(start, expr, opts, fields, base_url, exited, engine_log, logs,
+                            stack, env_more, root, report, crash)
+    except FrankError as exc:
+        if serving:
+            raise
+        return crash(exc.message)
     except (urllib.error.URLError, OSError) as exc:
         return crash(f"engine metrics endpoint failed: {exc}")
-    finally:
-        report("stopping engine")
-        stop_engine(proc, opts.stop_timeout)
+
+
+def _measure(start: Start, expr: Expr, opts: RunOptions, fields: dict[str, Any],
+             base_url: str, exited: Callable[[], int | None], engine_log: Path, logs: Path,
+             stack: str, env_more: dict[str, str], root: Path, report: Report,
+             crash: Callable[..., StartRecord]) -> StartRecord:
+    """Scrape, run the workload, scrape again: the start's record (the engine serving)."""
+    fields["ready"] = utc_now()
+    before = scrape(base_url) if expr.series else {}
+    report("running workload")
+    env = {**os.environ, "FRANK_TRIAL_BASE_URL": base_url,
+           "OPENAI_BASE_URL": base_url + "/v1", "FRANK_TRIAL_ARM": start.arm,
+           "FRANK_TRIAL_BLOCK": str(start.block), "FRANK_TRIAL_START": str(start.index),
+           "FRANK_TRIAL_STACK": stack, **env_more}
+    work = run_workload(opts.workload, env, root, opts.workload_timeout)
+    if work is None:
+        return crash(f"workload ran past {opts.workload_timeout:g} s")
+    (logs / f"start-{start.index:03d}.workload.log").write_text(
+        f"$ {opts.workload}\n--- stdout\n{work.stdout}\n--- stderr\n{work.stderr}",
+        encoding="utf-8")
+    code = exited()
+    if code is not None:
+        return crash(f"engine exited with code {code} during the workload: "
+                     f"{_tail(engine_log)}")
+    if work.returncode != 0:
+        err = (work.stderr.strip().splitlines() or ["(no stderr)"])[-1][:300]
+        return crash(f"workload exited with code {work.returncode}: {err}")
+    after = scrape(base_url) if expr.series else {}
+    found = deltas(before, after, expr.series)
+    out_json = workload_json(work.stdout)
+    value: float | None
+    try:
+        value = expr.value(found, out_json)
+        error = None
+    except MetricError as exc:
+        value, error = None, str(exc)
+    report("stopping engine")
+    return StartRecord(**fields, status="ok", value=value, error=error, metrics=found,
+                       finished=utc_now())
+
+
+def _images(trial: Trial, locks: dict[str, dict[str, Any]], root: Path, opts: RunOptions
+            ) -> dict[str, ArmImage] | None:
+    """Each arm's verified image (None with ``--from host``); the container engine must be
+    there too, so a run that cannot start refuses before its first start."""
+    if opts.source == "host":
+        return None
+    from frank.image.engines import get_engine
+
+    images = {arm: arm_image(trial, arm, locks[arm], root, hub_cache=opts.hub_cache)
+              for arm in ("A", "B")}
+    get_engine(opts.engine)
+    return images
 
 
 @contextlib.contextmanager
@@ -251,6 +342,8 @@ def _run_locked(trial_file: Path, trial: Trial, digest: str, opts: RunOptions,
     except MetricError as exc:
         raise FrankError(str(exc), file=trial_file, field="metric.expr") from None
     locks = current_locks(trial, trial_file)
+    root = repo_of(trial_file)
+    images = _images(trial, locks, root, opts)  # both arms, every blob, before any start
     results = results_path(trial_file)
     existing = read_results(results)
     for r in existing:
@@ -260,7 +353,8 @@ def _run_locked(trial_file: Path, trial: Trial, digest: str, opts: RunOptions,
                              file=results, field="trial")
     done = {r.start for r in existing if r.status == "ok"}
     todo = [s for s in trial.starts() if s.index not in done]
-    root = repo_of(trial_file)
+    for arm in ("A", "B"):
+        check_same_image(arm, images[arm].digest if images else None, existing, results)
     new: list[StartRecord] = []
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -276,19 +370,25 @@ def _run_locked(trial_file: Path, trial: Trial, digest: str, opts: RunOptions,
                 bar.update(task, description=f"start {s.index}/{len(trial.order)} "
                                              f"(block {s.block}, arm {s.arm}): {what}")
 
-            # The stack may change while the trial runs: check before every start.
+            # The stack and its image may change while the trial runs: check every start.
             if s.index != todo[0].index:
                 locks = current_locks(trial, trial_file)
+                if images:
+                    images[s.arm] = arm_image(trial, s.arm, locks[s.arm], root,
+                                              hub_cache=opts.hub_cache)
+            image = images[s.arm] if images else None
+            check_same_image(s.arm, image.digest if image else None, existing + new, results)
             spec = getattr(trial.arms, s.arm)
             record = run_start(s, locks[s.arm], expr, opts, trial_digest=digest,
                                stack=spec.stack, root=root, logs=logs_dir(trial_file),
-                               report=report)
+                               report=report, image=image)
             append(results, [record])
             new.append(record)
             bar.advance(task)
             shown = f"{record.value:.6g}" if record.value is not None else record.error
-            console.print(f"start {s.index} (block {s.block}, arm {s.arm}): {record.status}: "
-                          f"{shown}", highlight=False)
+            ran = f", image {record.image}" if record.image else ""
+            console.print(f"start {s.index} (block {s.block}, arm {s.arm}{ran}): "
+                          f"{record.status}: {shown}", highlight=False)
             if record.status == "crash" and not opts.keep_going:
                 raise FrankError(f"start {s.index} (block {s.block}, arm {s.arm}) crashed: "
                                  f"{record.error}; recorded; run again to resume",
