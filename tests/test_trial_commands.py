@@ -702,3 +702,26 @@ def test_workload_past_its_timeout_is_a_crash_and_leaves_nothing_running(
                     "--workload", f"{marker} & {marker}", cwd=repo)
     one_line_error(out, "start 1", "workload ran past 1 s", after_progress=True)
     assert processes_mentioning(marker) == []
+
+
+def test_decide_refuses_an_arm_whose_starts_ran_two_images(smoke: Path) -> None:
+    assert plan(smoke, "two", "--blocks", "5").code == 0
+    rows = rows_for(smoke, "two", {"A": [2.0] * 5, "B": [1.0] * 5})
+    images = {"A": "sha256:" + "a" * 64, "B": "sha256:" + "b" * 64}
+    for row in rows:
+        row["image"] = images[row["arm"]]
+    assert run_frank("trial", "record", "two", str(write_json(smoke / "r.json", rows)),
+                     cwd=smoke).code == 0
+    decided = json.loads(run_frank("trial", "decide", "two", "--json", cwd=smoke).out)
+    assert decided["images"] == images
+    assert f"image B: {images['B']}" in run_frank("trial", "decide", "two", cwd=smoke).out
+    results = smoke / "trials/two.results.jsonl"
+    lines = results.read_text().splitlines()
+    last_a = max(i for i, x in enumerate(lines) if json.loads(x)["arm"] == "A")
+    lines[last_a] = lines[last_a].replace("a" * 64, "c" * 64)
+    results.write_text("\n".join(lines) + "\n")
+    one_line_error(run_frank("trial", "decide", "two", cwd=smoke), "two.results.jsonl",
+                   "image", "arm A's starts ran different images", "c" * 64)
+    bad = [{**rows[0], "image": "latest"}]
+    one_line_error(run_frank("trial", "record", "two", str(write_json(smoke / "b.json", bad)),
+                             cwd=smoke), "starts[0].image", "not an image digest")

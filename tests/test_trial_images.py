@@ -14,8 +14,10 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -259,3 +261,31 @@ def test_an_arm_image_that_changed_between_starts_is_refused(built: dict[str, An
     one_line(run(built, "changed"), f"arm {first_arm}: start(s) 1 ran {recs[0]['image']}",
              f"this start would run {other}", "changed between starts")
     assert len(records(repo, "changed")) == 2
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_stops_the_run_and_removes_the_container(built: dict[str, Any],
+                                                          signum: int) -> None:
+    repo = built["repo"]
+    name = f"stopped-{signum}"
+    plan(repo, name)
+    marker = f"sleep 60.{os.getpid()}{signum}"  # a command line only this test runs
+    proc = subprocess.Popen([sys.executable, "-m", "frank", "trial", "run", name,
+                             "--no-progress", "--workload", marker], cwd=repo,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = repo / f"trials/{name}.logs/start-001.engine.log"
+
+    def workload() -> list[int]:  # its processes, not frank's own (whose argv holds it too)
+        return [pid for pid in processes_mentioning(marker) if pid != proc.pid]
+
+    deadline = time.monotonic() + 90
+    while not workload() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert workload(), log.read_text() if log.exists() else "no log"
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signum, err
+    assert "frank: interrupted" in err.strip().splitlines()[-1]
+    assert records(repo, name) == []  # the start in flight is not recorded
+    assert containers_of(built["tmp"]) == [] and not processes_mentioning(marker)
+    assert "frank: ready:" in log.read_text()
