@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from frank.image.engines import storage_driver
 from tests.fixtures.local_hub import publish
 from tests.fixtures.tiny_model import build_tiny_model
 from tests.spine_helpers import copy_repo, processes_mentioning
@@ -146,7 +147,8 @@ def test_print_buildah_from_run_rm(built: dict[str, Path]) -> None:
     assert plan["prepare"] == [[*plan["engine_args"], "from", "--quiet", "--pull-always",
                                 "--name", ctr, f"oci:{layout}"]]
     assert plan["engine_args"][1:] == ["--root", plan["engine_args"][2], "--runroot",
-                                       plan["engine_args"][4], "--storage-driver", "vfs"]
+                                       plan["engine_args"][4], "--storage-driver",
+                                       storage_driver()]
     run = plan["run"]
     assert run[:len(plan["engine_args"]) + 3] == [*plan["engine_args"], "run", "--isolation",
                                                   "chroot"]
