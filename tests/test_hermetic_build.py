@@ -383,3 +383,19 @@ def test_an_unreachable_patch_url_stops_the_build_in_one_line(repo: Path,
     # it stopped before the closure (4.2 GB): only the base's .debs and layer are there
     blobs = [p.stat().st_size for p in (env_cache / "blobs" / "sha256").iterdir()]
     assert sum(blobs) < 200_000_000, sum(blobs)
+
+
+def test_a_package_part_may_only_override_or_remove(tmp_path: Path) -> None:
+    from frank.kinds.base import PartContext
+    from frank.kinds.package import Package
+
+    part = Package.model_validate({
+        "kind": "package", "name": "flashinfer-swap", "version": "1", "summary": "s",
+        "status": "candidate", "distribution": "flashinfer-python",
+        "overrides": ["flashinfer-python==0.6.13"], "remove": ["flashinfer-cubin"],
+        "provenance": {"licence": "Apache-2.0"}, "revert": {"action": "remove"}})
+    ctx = PartContext(root=tmp_path, manifest=tmp_path / "m.toml")
+    assert part.inputs(ctx) == {} and part.layer(ctx) is None
+    needs = part.python_needs(ctx)
+    assert needs.overrides == ("flashinfer-python==0.6.13",)
+    assert needs.excludes == ("flashinfer-cubin",) and needs.owns == ()

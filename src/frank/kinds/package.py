@@ -84,7 +84,8 @@ class Package(PartBase):
             return {f"file:{self.wheel.filename}": self.wheel.sha256}
         if self.wheel is not None:
             return {str(self.wheel.url): self.wheel.sha256}
-        assert self.git is not None
+        if self.git is None:
+            return {}  # only overrides/removals: what they change is in the pylock
         return {f"git+{self.git.repo}": self.git.commit}
 
     def layer(self, ctx: PartContext) -> LayerContribution | None:
@@ -95,7 +96,8 @@ class Package(PartBase):
                 run=(f"pip install --require-hashes --no-deps -r {req}",),
                 why="wheel pinned by sha256",
             )
-        assert self.git is not None
+        if self.git is None:
+            return None  # only overrides/removals: nothing of its own in the image
         sub = f"#subdirectory={self.git.subdirectory}" if self.git.subdirectory else ""
         return LayerContribution(
             run=(f"pip install --no-deps '{self.distribution} @ "
