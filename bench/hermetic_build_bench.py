@@ -83,10 +83,13 @@ def image_layers(layout: Path) -> list[dict]:
 
 def drop_layer_blobs(cache: Path) -> None:
     """Forget every built layer (index and blobs) but keep downloaded wheels."""
+    for keys in (cache / "layer-keys").glob("*"):
+        keys.unlink()
     for rec in (cache / "layers").glob("*"):
         try:
-            digest = json.loads(rec.read_text())["digest"].split(":")[1]
-        except (ValueError, KeyError, OSError):
+            doc = json.loads(rec.read_text())
+            digest = doc.get("record", doc)["digest"].split(":")[1]  # {"key", "record"}
+        except (ValueError, KeyError, OSError, AttributeError):
             continue
         (cache / "blobs" / "sha256" / digest).unlink(missing_ok=True)
         (cache / "stamps" / digest).unlink(missing_ok=True)

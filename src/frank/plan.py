@@ -37,8 +37,10 @@ LAUNCHER_SOURCE = Path(__file__).with_name("launch.py")
 SITE_PACKAGES = "/usr/local/lib/python3.11/dist-packages"
 # Bump when the same wheels would be installed into different bytes.
 INSTALL_FORMAT = "frank-install-1"
-# Closure distributions that change least often get layers of their own, so that a
-# vLLM bump that keeps torch reuses them (names are canonical, prefix match).
+# Closure distributions that change least often come first; a wheel of at least
+# OWN_LAYER_BYTES gets a layer of its own, the small ones of a group share one, so that a
+# vLLM bump that keeps torch reuses nearly every byte (names are canonical, prefix match).
+OWN_LAYER_BYTES = 10_000_000
 CLOSURE_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("nvidia", ("nvidia-", "cuda-")),
     ("torch", ("torch", "triton")),
@@ -242,9 +244,19 @@ def _hermetic_engine_layers(lock: Lock, root: Path, parts: Sequence[tuple[Locked
             owned.setdefault(owner[w.name], []).append(w)
         else:
             groups.setdefault(_group_of(w.name), []).append(w)
-    shared = [_wheel_layer(f"python:{g}", "closure", None, groups[g],
-                           f"{len(groups[g])} wheels of the locked closure ({g})")
-              for g in ("nvidia", "torch", "deps") if groups.get(g)]
+    shared = []
+    for g in ("nvidia", "torch", "deps"):
+        small = [w for w in groups.get(g, []) if (w.size or 0) < OWN_LAYER_BYTES]
+        # a big wheel gets a layer of its own: a bump that moves one big wheel (vLLM
+        # 0.24 -> 0.25 moves flashinfer-cubin) rebuilds that layer alone
+        shared += [_wheel_layer(f"python:{w.name}", "closure", None, [w],
+                                f"{w.filename} ({(w.size or 0) / 1e6:.0f} MB) of the locked "
+                                "closure, a layer of its own")
+                   for w in groups.get(g, []) if (w.size or 0) >= OWN_LAYER_BYTES]
+        if small:
+            name = "python:deps" if g == "deps" else f"python:{g}-rest"
+            shared.append(_wheel_layer(name, "closure", None, small,
+                                       f"{len(small)} small wheels of the locked closure ({g})"))
     by_part: dict[str, PlanLayer] = {}
     for locked, _ in parts:
         if locked.name in owned:

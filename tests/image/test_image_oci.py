@@ -16,7 +16,7 @@ from frank.errors import FrankError
 from frank.image.base import BaseImage
 from frank.image.oci import build_image, read_image, read_layout, resolve_manifest
 from frank.image.spec import ImageSpec
-from frank.image.store import BlobStore
+from frank.image.store import BlobStore, sha256_file
 from tests.image.image_helpers import EPOCH, make_sources, make_spec
 
 _SUBPROCESS_BUILD = """
@@ -26,7 +26,7 @@ sys.path.insert(0, sys.argv[1])
 from tests.image.image_helpers import make_sources, make_spec
 from frank.image.base import BaseImage
 from frank.image.oci import build_image
-from frank.image.store import BlobStore
+from frank.image.store import BlobStore, sha256_file
 base = BaseImage(name="b", layout=Path(sys.argv[2]), digest=sys.argv[3])
 src = make_sources(Path(sys.argv[4]))
 print(build_image(make_spec(base, src), BlobStore(Path(sys.argv[5])), Path(sys.argv[6])))
@@ -339,3 +339,22 @@ def test_umoci_unpacks_the_layout(tmp_path: Path, mini_base: BaseImage,
     config = json.loads((tmp_path / "bundle" / "config.json").read_text())
     assert config["process"]["args"] == ["/bin/sh", "-c", "cat /etc/frank/frank.lock"]
     assert "FRANK_STACK=demo" in config["process"]["env"]
+
+
+def test_a_one_part_change_links_the_unchanged_blobs_of_the_output(
+        tmp_path: Path, mini_base: BaseImage, store: BlobStore) -> None:
+    src = make_sources(tmp_path / "src")
+    out = tmp_path / "out"
+    build_image(make_spec(mini_base, src), store, out)
+    table = read_layout(out).layers[2].digest  # the data layer: unchanged below
+    blob = out / "blobs" / "sha256" / table.split(":")[1]
+    inode = blob.stat().st_ino
+    src2 = make_sources(tmp_path / "src2", kernel_text="kernel v2")
+    build_image(make_spec(mini_base, src2, kernel_key="v2"), store, out)
+    assert blob.stat().st_ino == inode  # linked from the previous output, not copied again
+    # a blob edited in the output is not reused: the next output gets a verified copy
+    data = bytearray(blob.read_bytes())
+    data[10] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    build_image(make_spec(mini_base, src), store, out)
+    assert sha256_file(blob) == table
