@@ -112,7 +112,7 @@ def test_region_cache_trial_on_vllm_cpu(tmp_path: Path) -> None:
     t0 = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "frank", "trial", "run", "region-cache", "--no-progress",
-         "--ready-timeout", "240", "--workload-timeout", "240",
+         "--from", "host", "--ready-timeout", "240", "--workload-timeout", "240",
          "--workload", f"{sys.executable} {tmp_path / 'workload.py'}"],
         cwd=repo, env=env, capture_output=True, text=True, timeout=1500)
     elapsed = time.monotonic() - t0
