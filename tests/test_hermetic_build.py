@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import tarfile
 import textwrap
 import zipfile
@@ -399,3 +400,20 @@ def test_a_package_part_may_only_override_or_remove(tmp_path: Path) -> None:
     needs = part.python_needs(ctx)
     assert needs.overrides == ("flashinfer-python==0.6.13",)
     assert needs.excludes == ("flashinfer-cubin",) and needs.owns == ()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("buildah") is None, reason="needs buildah")
+def test_a_container_engine_builds_the_host_built_layers_it_is_given(repo: Path) -> None:
+    """`--builder buildah` on a RUN-free plan: frank stages its host-built layers into the
+    context first, so the Dockerfile builds as written (issue 30: it used to RUN pip)."""
+    out = frank("compose", "stacks/smoke-cpu.toml", "--builder", "buildah", "--json",
+                cwd=repo)
+    assert out.code == 0, out.err
+    summary = json.loads(out.out)
+    assert summary["image"]["builder"] == "buildah"
+    files = layer_files(Path(summary["image"]["layout"]))
+    site = "usr/local/lib/python3.11/dist-packages"
+    assert f"{site}/frank_region_cache/__init__.py" in files
+    dockerfile = (Path(summary["out"]) / "context" / "Dockerfile").read_text()
+    assert "staged here: builds with buildah, podman or docker as it is" in dockerfile

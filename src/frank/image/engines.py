@@ -212,7 +212,8 @@ def _oci_ref(layout: Path) -> Iterator[str]:
     Engines name an image pulled from ``oci:PATH`` after PATH, and reject paths that are not
     valid image names (``~/.cache``, upper case); the symlink avoids both.
     """
-    d = Path(tempfile.gettempdir()) / f"frank-oci-{uuid.uuid4().hex}"
+    # /tmp itself: compose points TMPDIR beside its output, a path engines may not take
+    d = Path("/tmp") / f"frank-oci-{uuid.uuid4().hex}"
     d.mkdir()
     try:
         (d / "image").symlink_to(Path(layout).absolute())
