@@ -176,7 +176,12 @@ def plan(image: VerifiedImage, lock: dict[str, Any], engine: Engine, *, w: Weigh
     weight arguments and ``args`` (in place of the image's cmd)."""
     tag = uuid.uuid4().hex[:12]
     ctr, layout = f"frank-run-{tag}", str(image.layout)
-    link = None if _TAME.fullmatch(layout) else f"/tmp/frank-oci-{tag}/image"
+    if engine.name == "buildah":
+        # a name per image digest: buildah keeps the image it imported under it, so the
+        # next run of the same (verified) image starts without importing gigabytes again
+        link: str | None = f"/tmp/frank-oci-{image.digest.split(':')[1][:24]}/image"
+    else:
+        link = None if _TAME.fullmatch(layout) else f"/tmp/frank-oci-{tag}/image"
     ref = f"oci:{link or layout}"
     flags = lock.get("flags", {})
     host, port = str(flags.get("host") or "0.0.0.0"), int(flags.get("port", 8000))
@@ -194,7 +199,7 @@ def plan(image: VerifiedImage, lock: dict[str, Any], engine: Engine, *, w: Weigh
     tail = [*w.args, *args]
     prepare: list[list[str]] = []
     if engine.name == "buildah":
-        prepare.append([*base, "from", "--quiet", "--pull-always", "--name", ctr, ref])
+        prepare.append([*base, "from", "--quiet", "--pull=false", "--name", ctr, ref])
         argv = [*image.entrypoint, *(tail or image.cmd)]
         if not argv:
             raise FrankError("the image has no entrypoint or cmd to run", file=layout)

@@ -193,9 +193,14 @@ class Runner:
         """Prepare the working container and start the image's entrypoint in it."""
         if self.plan.serve:
             _port_free(self.plan.url)
-        if self.plan.link:
-            Path(self.plan.link).parent.mkdir(mode=0o700)
-            Path(self.plan.link).symlink_to(self.plan.layout)
+        if self.plan.link:  # per image digest: a second run of the same image may share it
+            link = Path(self.plan.link)
+            link.parent.mkdir(mode=0o700, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                link.symlink_to(self.plan.layout)
+            if link.resolve() != Path(self.plan.layout).resolve():
+                link.unlink()
+                link.symlink_to(self.plan.layout)
         for cmd in self.plan.prepare:
             _quiet(cmd, f"{Path(cmd[0]).name}, preparing the container")
         self._remember_image()
@@ -262,10 +267,12 @@ class Runner:
     def _clean(self) -> None:
         for cmd in self.plan.cleanup:
             subprocess.run(cmd, capture_output=True, check=False)
-        if self.image_name:  # untags, or removes it if no other name or container holds it
+        # buildah keeps the imported image, named by its digest, for the next run (the
+        # layout is verified before every run; the storage is the engine's, like its cache)
+        if self.image_name and self.plan.engine != "buildah":
             subprocess.run([*self.plan.engine_args, "rmi", self.image_name],
                            capture_output=True, check=False)
-        if self.plan.link:
+        if self.plan.link and self.plan.engine != "buildah":
             link = Path(self.plan.link)
             link.unlink(missing_ok=True)
             with contextlib.suppress(OSError):
