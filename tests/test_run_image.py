@@ -156,9 +156,13 @@ def test_print_buildah_from_run_rm(built: dict[str, Path]) -> None:
     run = plan["run"]
     assert run[:len(plan["engine_args"]) + 3] == [*plan["engine_args"], "run", "--isolation",
                                                   "chroot"]
-    assert f"{built['hub']}:/frank/hub:ro" == run[run.index("--volume") + 1]
+    volumes = [run[i + 1] for i, a in enumerate(run) if a == "--volume"]
+    digest = plan["image"].split(":")[1][:24]
+    assert volumes[0].endswith(f"/pycache/{digest}:/frank/pycache")  # bytecode, kept per image
+    assert volumes[1:] == [f"{built['hub']}:/frank/hub:ro"]
     envs = [run[i + 1] for i, a in enumerate(run) if a == "--env"]
-    assert envs == ["EXTRA=1", "HF_HUB_CACHE=/frank/hub", "HF_HUB_OFFLINE=1"]
+    assert envs == ["EXTRA=1", "HF_HUB_CACHE=/frank/hub", "HF_HUB_OFFLINE=1",
+                    "PYTHONPYCACHEPREFIX=/frank/pycache"]
     assert run[run.index(ctr):] == [ctr, "--", "python3", "/opt/frank/bin/frank-launch",
                                     "--lock", "/etc/frank/frank.lock", "--cache-dir",
                                     "/frank/hub"]

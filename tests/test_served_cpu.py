@@ -5,8 +5,9 @@ completion is answered, and each part's effect is read from the running engine p
 itself (its /proc environ, its root filesystem, its responses, the region cache's counters)
 and from the launcher's log (the weights' hashes checked before the engine started). Then
 each revertible part is taken back with `frank revert`: the recomposed image has the digest
-of a clean build of the reverted stack with no layer rebuilt, and the running image shows
-the part gone. Slow (one cold build, six engine starts); it needs buildah and PyPI.
+of a clean build of the reverted stack with no layer rebuilt, `--undo` brings the first
+digest back, and an image with all five reverted, started once, shows each part gone. Slow
+(one cold build, two engine starts); it needs buildah and PyPI.
 """
 
 from __future__ import annotations
@@ -226,26 +227,53 @@ REVERTS = {  # part -> how the running image shows it gone
 }
 
 
+def clean_build(port: int, parts: list[str], where: Path) -> str:
+    """The digest of a clean build of the e2e stack with ``parts`` reverted."""
+    clean = make_repo(where, port)
+    for part in parts:
+        assert frank("revert", part, "--stack", STACK, cwd=clean).code == 0
+    digest = str(compose(clean)["image"]["digest"])
+    shutil.rmtree(clean / "out")  # a 3 GB layout: keep the digest, not the copy
+    return digest
+
+
 @pytest.mark.parametrize("part", list(REVERTS))
-def test_revert_rebuilds_nothing_and_the_part_is_gone(
-        part: str, built: tuple[Path, int, dict[str, Any]], served: Served, hub: Path,
-        tmp_path: Path) -> None:
+def test_revert_rebuilds_nothing_and_undo_comes_back(
+        part: str, built: tuple[Path, int, dict[str, Any]], tmp_path: Path) -> None:
     root, port, summary = built
-    served.stop()  # one engine on the port at a time (the module's server is done by now)
-    clean = make_repo(tmp_path / "clean", port)
-    assert frank("revert", part, "--stack", STACK, cwd=clean).code == 0
-    clean_digest = compose(clean)["image"]["digest"]
-    shutil.rmtree(clean / "out")  # a 3 GB layout per part: keep the digest, not the copy
+    clean_digest = clean_build(port, [part], tmp_path / "clean")
     try:
         assert frank("revert", part, "--stack", STACK, cwd=root).code == 0
         again = compose(root)
         assert again["image"]["digest"] == clean_digest != summary["image"]["digest"]
         assert again["image"]["layers_built"] == 0
+    finally:
+        assert frank("revert", "--undo", "--stack", STACK, cwd=root).code == 0
+    back = compose(root)
+    assert back["image"]["digest"] == summary["image"]["digest"]
+    assert back["image"]["layers_built"] == 0
+
+
+def test_the_running_image_shows_each_reverted_part_gone(
+        built: tuple[Path, int, dict[str, Any]], served: Served, hub: Path,
+        tmp_path: Path) -> None:
+    """All five reverts in one image, one engine start (each part's own check below)."""
+    root, port, summary = built
+    served.stop()  # one engine on the port at a time (the module's server is done by now)
+    parts = list(REVERTS)
+    clean_digest = clean_build(port, parts, tmp_path / "clean")
+    try:
+        for part in parts:
+            assert frank("revert", part, "--stack", STACK, cwd=root).code == 0
+        again = compose(root)
+        assert again["image"]["digest"] == clean_digest and again["image"]["layers_built"] == 0
         reverted = serve(root, hub, tmp_path / "run.log", port)
         try:
-            assert REVERTS[part](reverted), reverted.text()[-2000:]
+            gone = {part: REVERTS[part](reverted) for part in parts}
+            assert all(gone.values()), (gone, reverted.text()[-2000:])
         finally:
             reverted.stop()
     finally:
-        assert frank("revert", "--undo", "--stack", STACK, cwd=root).code == 0
+        for _ in parts:
+            assert frank("revert", "--undo", "--stack", STACK, cwd=root).code == 0
     assert compose(root)["image"]["digest"] == summary["image"]["digest"]
