@@ -42,7 +42,10 @@ for v in ${VARIANTS:-}; do  # built side by side
 done
 kernels/rs8/build.sh kernels/rs8/build "90a 120" 2>&1 | tee "$OUT/build.log"
 RS8_EXTRA_FLAGS=-DRS8_BREAK kernels/rs8/build.sh /tmp/rs8break 90a >/dev/null 2>&1
-export RS8_LIB="$PWD/kernels/rs8/build/librs8.so" RS8_BREAK_LIB=/tmp/rs8break/librs8.so
+# RS8_IMAGE_LIB: measure the librs8.so taken out of an image frank built (bench/rs8_from_image.py)
+# instead of this machine's build; the build above still runs, for the machine-code check.
+export RS8_LIB="${RS8_IMAGE_LIB:-$PWD/kernels/rs8/build/librs8.so}" RS8_BREAK_LIB=/tmp/rs8break/librs8.so
+[[ -n "${RS8_IMAGE_LIB:-}" ]] && sha256sum "$RS8_IMAGE_LIB" kernels/rs8/build/librs8.so | tee "$OUT/libs.sha256"
 [[ ${#pids[@]} -gt 0 ]] && wait "${pids[@]}"
 for v in ${VARIANTS:-}; do
   name="${v%%:*}"
