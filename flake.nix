@@ -60,12 +60,12 @@
           build-system = [ python.pkgs.setuptools ];
           dependencies = map (spec: python.pkgs.${depName spec}) project.dependencies;
           # frank drives these at run time: push/pull (skopeo), RUN-step builds and the
-          # --print smoke check (buildah), OCI layouts (umoci), the test base (debootstrap).
+          # --print smoke check (buildah), OCI layouts (umoci), InRelease checks of .deb bases (gpgv).
           makeWrapperArgs = [
             "--suffix"
             "PATH"
             ":"
-            (pkgs.lib.makeBinPath [ pkgs.skopeo pkgs.buildah pkgs.umoci pkgs.debootstrap ])
+            (pkgs.lib.makeBinPath [ pkgs.skopeo pkgs.buildah pkgs.umoci pkgs.gnupg ])
           ];
           pythonImportsCheck = [ "frank" "frank.cli" ];
           # The suite needs buildah, a registry and the network: run it in the dev shell.

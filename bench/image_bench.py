@@ -1,7 +1,7 @@
 """Benchmark the daemonless image builder: cold build, no-op rebuild, one-part change, revert.
 
 Builds a demo stack (plugin package, a data file, a 'kernel' binary, the lock) on the test
-base from images/test-base.toml (debootstrapped once per cache; ``--mini`` uses a tiny base
+base from images/test-base.toml (built once per cache from pinned .debs; ``--mini`` uses a tiny base
 instead), then times:
 
 * no-op rebuild: the same spec again (target: median under 1 s; ko's no-op is about 3 s);

@@ -1,7 +1,7 @@
 # frank's dev shell as a devenv module (flake.nix: devShells.default, `nix develop
 # --no-pure-eval`). The same tools scripts/setup installs from Debian, from nixpkgs here:
 # Python 3.11 with a venv holding frank and its dev extra, nvcc for the kernels, buildah,
-# skopeo and umoci for images, debootstrap for the test base, a registry for the tests.
+# skopeo and umoci for images, gpgv (gnupg) for the .deb bases, a registry for the tests.
 { pkgs, ... }:
 let
   cuda = pkgs.cudaPackages;
@@ -15,11 +15,11 @@ in
   };
 
   packages = [
-    # images: builders, registry client, layout tool, the debootstrapped test base
+    # images: builders, registry client, layout tool, gpgv for the .deb bases' InRelease
     pkgs.buildah
     pkgs.skopeo
     pkgs.umoci
-    pkgs.debootstrap
+    pkgs.gnupg
     # the tests' local registry (Debian ships it as docker-registry, see scripts below)
     pkgs.distribution
     # kernels: nvcc and the CUDA runtime headers

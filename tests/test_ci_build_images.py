@@ -108,7 +108,7 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A fresh FRANK_CACHE for this module (the test base is debootstrapped into it once)."""
+    """A fresh FRANK_CACHE for this module (the test base is built into it once, from .debs)."""
     d = tmp_path_factory.mktemp("ci-cache")
     yield d
     shutil.rmtree(d, ignore_errors=True)  # engine storage and the base: hundreds of MB
@@ -118,7 +118,7 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def built(tmp_path_factory: pytest.TempPathFactory, registry: str,
           cache: Path) -> tuple[Path, Run]:
     """Every stack through ci/build-images --only-daemonless, pushing to the local registry."""
-    for tool in ("skopeo", "buildah", "debootstrap"):
+    for tool in ("skopeo", "buildah", "gpgv"):
         if shutil.which(tool) is None:
             pytest.skip(f"{tool} not installed (scripts/setup installs it)")
     root = make_repo(tmp_path_factory.mktemp("ci-repo") / "repo")

@@ -27,7 +27,7 @@ NIX = shutil.which("nix")
 pytestmark = pytest.mark.skipif(NIX is None, reason="nix not installed (apt-get install nix-bin)")
 
 # What the flake's outputs may use from nixpkgs. Every name is a trivial derivation.
-STUB_PACKAGES = ["buildah", "skopeo", "umoci", "debootstrap", "distribution", "git",
+STUB_PACKAGES = ["buildah", "skopeo", "umoci", "gnupg", "distribution", "git",
                  "gnupatch", "shellcheck", "nix"]
 STUB_PYTHON_PACKAGES = ["setuptools", "pydantic", "click", "tomlkit", "rich", "pytest",
                         "huggingface-hub", "packaging", "installer", "uv", "python-debian"]
@@ -280,7 +280,7 @@ def test_package_and_dev_shell_are_what_the_flake_promises(nix: Nix, stubs: dict
     shell = "devShells.x86_64-linux.default"
     names = nix.eval_json(flake, stubs, f"{shell}.packageNames")
     assert isinstance(names, list)
-    for want in ("python3-3.11", "cuda_nvcc", "buildah", "skopeo", "umoci", "debootstrap",
+    for want in ("python3-3.11", "cuda_nvcc", "buildah", "skopeo", "umoci", "gnupg",
                  "distribution", "shellcheck"):
         assert want in names, (want, names)
     cfg = nix.eval_json(flake, stubs, f"{shell}.config.languages.python.venv.enable")

@@ -63,8 +63,7 @@ def load_base_image(root: Path, name: str, stack_file: Path) -> dict[str, str]:
 
     A registry image must be pinned by digest (``ref = NAME@sha256:...``; a tag alone is
     refused). A ``[debs]`` base is identified by its package lock too (missing or stale is
-    an error naming the lock); a debootstrap base by the definition's sha256 only, the
-    builder recording the digest it got.
+    an error naming the lock).
     """
     from frank.hashing import sha256_file
     from frank.pins import check_image_ref
@@ -88,9 +87,13 @@ def load_base_image(root: Path, name: str, stack_file: Path) -> dict[str, str]:
         debs = load_image_file(path).debs
         assert debs is not None
         out["debs_lock_sha256"] = current_lock(debs, path)[1]
-    elif "debootstrap" not in raw:
-        raise FrankError("needs ref (NAME@sha256:...), a [debs] or a [debootstrap] recipe",
-                         file=path, field="ref")
+    elif "debootstrap" in raw:
+        from frank.image.base import DEBOOTSTRAP_GONE
+
+        raise FrankError(DEBOOTSTRAP_GONE, file=path, field="debootstrap")
+    else:
+        raise FrankError("needs ref (NAME@sha256:...) or a [debs] recipe", file=path,
+                         field="ref")
     return out
 
 

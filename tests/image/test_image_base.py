@@ -58,6 +58,25 @@ def test_image_file_validation(tmp_path: Path) -> None:
         load_image_file(f)
 
 
+def test_debootstrap_base_is_refused_with_what_to_write(tmp_path: Path) -> None:
+    """debootstrap gave each machine its own digest: a recipe that asks for one is refused."""
+    images = tmp_path / "images"
+    images.mkdir()
+    f = images / "old.toml"
+    f.write_text('name = "old"\n[debootstrap]\nsuite = "bookworm"\n')
+    with pytest.raises(FrankError, match=r"frank debs lock") as exc:
+        load_image_file(f)
+    assert exc.value.field == "debootstrap"
+    (tmp_path / "stacks").mkdir()
+    stack = tmp_path / "stacks" / "s.toml"
+    stack.write_text('[image]\nbase = "old"\n')
+    from frank.resolve import load_base_image
+
+    with pytest.raises(FrankError, match="no longer made") as exc2:
+        load_base_image(tmp_path, "old", stack)
+    assert exc2.value.field == "debootstrap"
+
+
 def test_repo_image_files_parse() -> None:
     files = sorted((REPO / "images").glob("*.toml"))
     assert files

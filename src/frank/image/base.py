@@ -8,9 +8,10 @@ A base named in ``images/`` is one of:
 - ``[debs]``: Debian packages pinned by version and sha256 in ``<name>.debs.lock``, merged
   by frank without running a maintainer script (``frank.image.debs``); the same lock gives
   the same digest on any machine. The test base and the served base are made this way;
-- ``[debootstrap]``: kept as an option for a base no lock describes. Its rootfs is **not**
-  byte-reproducible (package scripts write timestamps, random machine ids, ldconfig
-  caches), so it is made once per cache and pinned by the digest it got.
+
+``[debootstrap]`` bases are gone: their rootfs is not byte-reproducible (package scripts
+write timestamps, random machine ids, ldconfig caches), so two machines got two digests from
+one definition. A file that still has one is refused with a line saying what to write.
 
 Made bases are recorded in ``<cache>/bases/<key>.json`` (``cached_base``); every later
 call returns that layout and digest instantly.
@@ -20,15 +21,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import re
-import shutil
-import subprocess
-import tempfile
 import tomllib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
@@ -50,6 +46,8 @@ from frank.image.store import DIGEST_RE, BlobStore
 from frank.tomlio import read_text
 
 BASE_FORMAT = "frank-base-1"
+DEBOOTSTRAP_GONE = ("debootstrap bases are no longer made (two machines got two digests); "
+                    "pin the packages instead: write [debs] and run `frank debs lock`")
 _REF_RE = re.compile(
     r"^(?P<name>[a-z0-9][a-z0-9._/:-]*?)(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?"
     r"(?:@(?P<digest>sha256:[0-9a-f]{64}))?$"
@@ -62,19 +60,8 @@ ROOTFS_PRUNE = (
 ROOTFS_SKIP = ("dev", "proc", "sys", "run", "tmp", *ROOTFS_PRUNE)
 
 
-class DebootstrapSource(BaseModel):
-    """A base made here by ``debootstrap`` from the configured Debian mirror."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    suite: str = "bookworm"
-    variant: Literal["minbase", "buildd"] = "minbase"
-    include: list[str] = []
-    mirror: str | None = None  # default: the mirror apt on this machine uses
-
-
 class BaseImageFile(BaseModel):
-    """One ``images/<name>.toml``: a base pinned by digest, pinned .debs, or debootstrap."""
+    """One ``images/<name>.toml``: a base pinned by digest or by pinned .debs."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -82,12 +69,11 @@ class BaseImageFile(BaseModel):
     description: str = ""
     ref: str | None = None
     debs: DebsSource | None = None
-    debootstrap: DebootstrapSource | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> BaseImageFile:
-        if sum(x is not None for x in (self.ref, self.debs, self.debootstrap)) != 1:
-            raise ValueError("give exactly one of 'ref', '[debs]' or '[debootstrap]'")
+        if (self.ref is None) == (self.debs is None):
+            raise ValueError("give exactly one of 'ref' or '[debs]'")
         return self
 
 
@@ -126,6 +112,8 @@ def load_image_file(path: Path) -> BaseImageFile:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise FrankError(f"invalid TOML: {exc}", file=path) from None
+    if "debootstrap" in raw:
+        raise FrankError(DEBOOTSTRAP_GONE, file=path, field="debootstrap")
     try:
         img = BaseImageFile.model_validate(raw)
     except ValidationError as exc:
@@ -165,7 +153,7 @@ def apt_mirror(*, security: bool = False, suite: str = "bookworm") -> str:
 
 @contextlib.contextmanager
 def _lock(path: Path) -> Iterator[None]:
-    """One builder per base at a time (parallel test workers would debootstrap twice)."""
+    """One builder per base at a time (parallel test workers would build it twice)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -173,12 +161,6 @@ def _lock(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def _base_key(src: DebootstrapSource, mirror: str) -> str:
-    doc = {"format": BASE_FORMAT, "suite": src.suite, "variant": src.variant,
-           "include": sorted(src.include), "mirror": mirror, "arch": _go_arch()}
-    return hashlib.sha256(canonical_json(doc)).hexdigest()
 
 
 def layout_from_rootfs(rootfs: Path, store: BlobStore, out: Path, *, epoch: int,
@@ -238,36 +220,6 @@ def cached_base(store: BlobStore, key: str, name: str,
         return base
 
 
-def debootstrap_base(src: DebootstrapSource, store: BlobStore, *, name: str = "test-base",
-                     quiet: bool = False) -> BaseImage:
-    """The debootstrapped base for ``src``: built once per cache, then returned instantly."""
-    mirror = src.mirror or apt_mirror(suite=src.suite)
-
-    def make(layout: Path) -> str:
-        if shutil.which("debootstrap") is None:
-            raise FrankError("debootstrap is not installed; apt-get install debootstrap "
-                             "(needed to make a [debootstrap] base image)")
-        from rich.console import Console
-
-        console = Console(stderr=True, quiet=quiet)
-        with tempfile.TemporaryDirectory(dir=store.tmp_dir, prefix="debootstrap-") as tmp:
-            rootfs = Path(tmp) / "rootfs"
-            cmd = ["debootstrap", f"--variant={src.variant}"]
-            if src.include:
-                cmd.append("--include=" + ",".join(sorted(src.include)))
-            cmd += [src.suite, str(rootfs), mirror]
-            with console.status(f"debootstrap {src.suite} ({src.variant}) from {mirror}"):
-                proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode != 0:
-                tail = (proc.stdout + proc.stderr).strip().splitlines()[-1:] or ["?"]
-                raise FrankError(f"debootstrap failed (exit {proc.returncode}): {tail[0]}")
-            with console.status("importing the rootfs as an OCI layout"):
-                return layout_from_rootfs(rootfs, store, layout, epoch=0,
-                                          created_by=" ".join(cmd[:-2]))
-
-    return cached_base(store, _base_key(src, mirror), name, make)
-
-
 def resolve_base(path: Path, store: BlobStore, *, quiet: bool = False) -> BaseImage:
     """The local layout and pinned digest for ``images/<name>.toml``."""
     img = load_image_file(path)
@@ -275,8 +227,6 @@ def resolve_base(path: Path, store: BlobStore, *, quiet: bool = False) -> BaseIm
         from frank.image.debs.build import debs_base
 
         return debs_base(img.debs, path, store, name=img.name, quiet=quiet)
-    if img.debootstrap is not None:
-        return debootstrap_base(img.debootstrap, store, name=img.name, quiet=quiet)
     assert img.ref is not None
     name, digest = parse_pinned_ref(img.ref, file=path)
     if name.startswith("oci:"):
