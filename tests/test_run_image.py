@@ -158,11 +158,13 @@ def test_print_buildah_from_run_rm(built: dict[str, Path]) -> None:
                                                   "chroot"]
     volumes = [run[i + 1] for i, a in enumerate(run) if a == "--volume"]
     digest = plan["image"].split(":")[1][:24]
-    assert volumes[0].endswith(f"/pycache/{digest}:/frank/pycache")  # bytecode, kept per image
+    # bytecode and vLLM's cache root (model-class info), kept per image digest
+    assert volumes[0].endswith(f"/run-cache/{digest}:/frank/cache")
     assert volumes[1:] == [f"{built['hub']}:/frank/hub:ro"]
     envs = [run[i + 1] for i, a in enumerate(run) if a == "--env"]
     assert envs == ["EXTRA=1", "HF_HUB_CACHE=/frank/hub", "HF_HUB_OFFLINE=1",
-                    "PYTHONPYCACHEPREFIX=/frank/pycache"]
+                    "PYTHONPYCACHEPREFIX=/frank/cache/pycache",
+                    "VLLM_CACHE_ROOT=/frank/cache/vllm"]
     assert run[run.index(ctr):] == [ctr, "--", "python3", "/opt/frank/bin/frank-launch",
                                     "--lock", "/etc/frank/frank.lock", "--cache-dir",
                                     "/frank/hub"]

@@ -38,7 +38,10 @@ _TAME = re.compile(r"(/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)+")
 _LOOPBACK = ("127.", "localhost", "::1")
 
 
-PYCACHE_IN_CONTAINER = "/frank/pycache"
+# A writable folder per image digest, kept between runs of that image (frank's cache).
+RUN_CACHE_IN_CONTAINER = "/frank/cache"
+PYCACHE_IN_CONTAINER = f"{RUN_CACHE_IN_CONTAINER}/pycache"
+VLLM_CACHE_IN_CONTAINER = f"{RUN_CACHE_IN_CONTAINER}/vllm"
 
 
 @dataclass(frozen=True)
@@ -192,13 +195,19 @@ def plan(image: VerifiedImage, lock: dict[str, Any], engine: Engine, *, w: Weigh
     url = f"http://{poll}:{port}/health"
     gpus = int((lock.get("target") or {}).get("gpus", 0) or 0)
     # Layers hold no bytecode (a .pyc embeds an mtime; images stay byte-reproducible), so a
-    # fresh container compiles every module it imports: 12 s of vLLM's start on a CPU. The
-    # bytecode goes to a cache of frank's per image digest instead, kept between runs.
-    pycache = engine.root.parent.parent / "pycache" / image.digest.split(":")[1][:24]
-    pycache.mkdir(parents=True, exist_ok=True)
-    env = {**w.env, "PYTHONPYCACHEPREFIX": PYCACHE_IN_CONTAINER, **extra_env}
+    # fresh container compiles every module it imports: 12 s of vLLM's start on a CPU. And
+    # vLLM inspects the model class in a subprocess (another torch import, ~5 s) unless its
+    # cache root holds that class's info from an earlier start. Both go to a folder of
+    # frank's cache per image digest, kept between runs, as the host's ~/.cache does.
+    run_cache = engine.root.parent.parent / "run-cache" / image.digest.split(":")[1][:24]
+    for sub in ("pycache", "vllm"):
+        (run_cache / sub).mkdir(parents=True, exist_ok=True)
+    defaults = {"PYTHONPYCACHEPREFIX": PYCACHE_IN_CONTAINER}
+    if "VLLM_CACHE_ROOT" not in (lock.get("env") or {}):  # the stack's own choice wins
+        defaults["VLLM_CACHE_ROOT"] = VLLM_CACHE_IN_CONTAINER
+    env = {**w.env, **defaults, **extra_env}
     base = engine.base_args()
-    flags_out: list[str] = ["--volume", f"{pycache}:{PYCACHE_IN_CONTAINER}"]
+    flags_out: list[str] = ["--volume", f"{run_cache}:{RUN_CACHE_IN_CONTAINER}"]
     for m in w.mounts:
         flags_out += ["--volume", m.spec()]
     for k in sorted(env):
