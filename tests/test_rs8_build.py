@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "kernels" / "rs8" / "build.sh"
-MODEL_DIR = ROOT / "bench"
+MODEL_DIR = ROOT / "kernels" / "rs8" / "research"  # rs8_candidates, the CPU model
 PY_DIR = ROOT / "kernels" / "rs8" / "python"
 
 
@@ -52,7 +52,8 @@ def test_sm120_build_holds_sm120_code(sm120_build: tuple[Path, str]) -> None:
 
 def test_block_keys_match_the_cpu_model(sm120_build: tuple[Path, str]) -> None:
     """The register-held keys per block (host code, no GPU needed) match the CPU model's
-    block shape, which the threshold-model tests and bench/rs8_candidates.py rely on."""
+    block shape, which the threshold-model tests and kernels/rs8/research/rs8_candidates.py
+    rely on."""
     out, _ = sm120_build
     pytest.importorskip("torch")
     for folder in (MODEL_DIR, PY_DIR):
