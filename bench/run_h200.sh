@@ -10,6 +10,7 @@ export PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/rs8out}"
 mkdir -p "$OUT"
 STEPS="${STEPS:-smoke tests bench}"  # also: sanitize vtests stages blocks ncu
+# (stages, blocks and ncu run the research tools in kernels/rs8/research/)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
 
@@ -89,17 +90,17 @@ if [[ " $STEPS " == *" stages "* ]]; then
       >/dev/null 2>&1
     for c in 112464 191998; do
       echo "== stages: $name ${flags//,/ }"
-      timeout 60 python3 bench/rs8_stage_times.py --lib "/tmp/rs8t_$name/librs8.so" --ctx "$c"
+      timeout 60 python3 kernels/rs8/research/rs8_stage_times.py --lib "/tmp/rs8t_$name/librs8.so" --ctx "$c"
     done
   done 2>&1 | tee "$OUT/stages.log"
 fi
 if [[ " $STEPS " == *" blocks "* ]]; then  # globaltimer stamps of every block and warp
   RS8_EXTRA_FLAGS=-DRS8_TSTAMP kernels/rs8/build.sh /tmp/rs8s 90a >/dev/null 2>&1
-  timeout 180 python3 bench/rs8_block_times.py --lib /tmp/rs8s/librs8.so --rows "${BLOCK_ROWS:-1,6}" \
+  timeout 180 python3 kernels/rs8/research/rs8_block_times.py --lib /tmp/rs8s/librs8.so --rows "${BLOCK_ROWS:-1,6}" \
     --ctx "${BLOCK_CTX:-112464,191998}" --json "$OUT/blocks.json" 2>&1 | tee "$OUT/blocks.log"
 fi
 if [[ " $STEPS " == *" ncu "* ]]; then  # Nsight Compute summary + stall samples per instruction
-  bash bench/rs8_ncu.sh "$RS8_LIB" "$OUT" 150000
+  bash kernels/rs8/research/rs8_ncu.sh "$RS8_LIB" "$OUT" 150000
 fi
 if [[ " $STEPS " == *" bench "* ]]; then
   timeout 400 python3 bench/rs8_bench.py --vllm-lib "$vb" --out "$OUT/bench.md" \

@@ -204,7 +204,7 @@ def skewed(n: int, gen: torch.Generator) -> torch.Tensor:
 
     Before the per-block lists grew to fill shared memory, these overflowed one
     block's list and sent the whole row to the general path
-    (bench/rs8_candidates.py); either way the output must stay exact.
+    (kernels/rs8/research/rs8_candidates.py); either way the output must stay exact.
     """
     pos = torch.arange(n)
     base = torch.randn(n, generator=gen)

@@ -1,4 +1,4 @@
-"""CPU tests of rs8's one-round threshold, through the CPU model of bench/rs8_candidates.py.
+"""CPU tests of rs8's one-round threshold, through the CPU model in kernels/rs8/research/.
 
 The kernel finds its cut from each block's 32-bin window of suffix counts (a lower
 bound of the cluster's histogram). Two things must hold, and both can be checked
@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "kernels" / "rs8" / "research"))
 sys.path.insert(0, str(ROOT / "kernels" / "rs8" / "python"))
 
 import rs8_candidates as model  # noqa: E402
@@ -87,7 +87,7 @@ def test_gpu_skewed_rows_include_a_window_that_misses_the_cut() -> None:
 
 
 def test_cut_bound_orders_its_thresholds() -> None:
-    """bench/rs8_cut_bound.py: the kernel's cut keeps at least as many keys as the best
+    """rs8_cut_bound.py: the kernel's cut keeps at least as many keys as the best
     maxima-based cut, which keeps at least k (k maxima, so k keys, are at or above it)."""
     import rs8_cut_bound
 
@@ -100,7 +100,8 @@ def test_cut_bound_orders_its_thresholds() -> None:
 def test_cut_bound_reads_every_one_request_gap() -> None:
     import rs8_cut_bound
 
-    gap = rs8_cut_bound.gaps(ROOT / "bench/results/rs8-h200-2026-11-30-session12.json")
+    results = ROOT / "kernels" / "rs8" / "research" / "results"
+    gap = rs8_cut_bound.gaps(results / "rs8-h200-2026-11-30-session12.json")
     assert sorted(gap) == [
         (ctx, wide) for ctx in (112464, 131072, 150000, 169449, 191998) for wide in (False, True)
     ]

@@ -135,7 +135,7 @@ struct Plan {
   // 2,894 with 4), whatever K.  Lists are used only as far as they are filled,
   // so this costs nothing on ordinary rows (run 29 in NOTES.md measured it 3%
   // faster than 4K/CL), and a row whose winners crowd into one slice (recency
-  // bias, a hot prefix) stays on the fast path (bench/rs8_candidates.py).
+  // bias, a hot prefix) stays on the fast path (research/rs8_candidates.py).
   // Per candidate: its composite in U (collected) and S (sorted), and its key
   // in each of the CL received lists.
   static constexpr int kSegCap = (kSmemLimit - kMiscBytes - kBins * 4) / (16 + 4 * CL) - 2;
@@ -186,7 +186,7 @@ __device__ long long g_rs8_clock[kMaxCluster][16];
 
 #ifdef RS8_TSTAMP
 // Wall-clock stamps (globaltimer, ns) of every block, for the last call only
-// (probe build; bench/rs8_block_times.py reads them).  Stage stamps of thread 0
+// (probe build; research/rs8_block_times.py reads them).  Stage stamps of thread 0
 // per block, [block][0..6], smid in [block][7]; per warp around the collect,
 // [block][warp][0..3].  clock64 (RS8_MARK) is per SM, so only these can line
 // up blocks and clusters against each other.  A stamp taken "after" a value
@@ -777,7 +777,7 @@ __global__ void __launch_bounds__(Block<CL>::kThreads, 1)
   // Each block sends the suffix counts of a window of its own histogram around
   // its estimate of c; from every block's window each block takes, per bin c,
   // a lower bound of the cluster's maxima >= c (exact where c lies in every
-  // window, as it does for every row shape bench/rs8_candidates.py models)
+  // window, as it does for every row shape research/rs8_candidates.py models)
   // and the highest c whose bound reaches K.  A bound only lowers c, so T is
   // safe whatever the windows; all blocks compute it from the same words.
   // Suffix counts per half-group (16 bins) by shared atomics, not scans: warp

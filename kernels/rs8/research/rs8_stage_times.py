@@ -4,7 +4,7 @@ Why: the stages (load + histogram, threshold, collect + sort + push, rank)
 each wait on data pushed by the other blocks, so whole-kernel timings cannot say which one costs;
 the block-local cycle counts can. Median over calls, per stage and block.
 
-    python3 bench/rs8_stage_times.py --lib /tmp/rs8t/librs8.so --ctx 112464
+    python3 kernels/rs8/research/rs8_stage_times.py --lib /tmp/rs8t/librs8.so --ctx 112464
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels" / "rs8" / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))  # rs8_op, rs8_ref
 import rs8_op
 
 STAGES = [  # warp 0's clock at each mark; the block barrier waits for every warp (NOTES.md run 49)
@@ -40,6 +40,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=30)
     parser.add_argument("--rows", type=int, default=6, help="rows per call (6 per request)")
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("rs8_stage_times.py: needs a CUDA GPU and a librs8.so build; torch sees no GPU")
     lib = rs8_op.open_library(args.lib)
     lib.rs8_read_clocks.restype = ctypes.c_int
     lib.rs8_read_clocks.argtypes = [ctypes.c_void_p]

@@ -8,7 +8,7 @@ first build on rows of length 1 give the launch floor beside them. The nineteent
 session's probes (runtime exits -DRS8_PROBE=1n, the kernel without the strided-row and
 tail code against -DRS8_ALWAYS_ANY=1) were timed with it.
 
-    python3 bench/rs8_probe_times.py main=lib.so any=lib2.so [--ctx 112464,191998]
+    python3 kernels/rs8/research/rs8_probe_times.py main=lib.so any=lib2.so [--ctx 112464,191998]
         [--width 262144] [--rows 6] [--rounds 5]
 """
 
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels" / "rs8" / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))  # rs8_bench
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))  # rs8_op, rs8_ref
 
 import rs8_bench
 import rs8_op
@@ -69,6 +69,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--replays", type=int, default=15)
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("rs8_probe_times.py: needs a CUDA GPU and a librs8.so build; torch sees no GPU")
     if args.rows % rs8_bench.NEXT_N:
         parser.error(f"--rows must be a multiple of next_n = {rs8_bench.NEXT_N}")
     libs = rs8_bench.open_builds(args.libs)

@@ -9,7 +9,8 @@ maximum itself, no bins), and at a perfect cut (k), converts the excess over k i
 run 66's slope, and sets it beside the measured gap to 2x `cooperative_topk` from a
 committed benchmark JSON. A perfect threshold that cost nothing would close at most that.
 
-    python3 bench/rs8_cut_bound.py --json bench/results/rs8-h200-2026-11-30-session12.json
+    python3 kernels/rs8/research/rs8_cut_bound.py \\
+        --json kernels/rs8/research/results/rs8-h200-2026-11-30-session12.json
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ exact"). The GPU benchmark used Gaussian rows only; this replays the
 kernel's own layout (512 or 1,024 threads, float4 quads, slices of ceil(L/CL) rounded to 4) and
 bucket map on other shapes, without a GPU, and prints how close each comes to the cap.
 
-    python3 bench/rs8_candidates.py --ctx 112464,191998 --clusters 16,8,4
+    python3 kernels/rs8/research/rs8_candidates.py --ctx 112464,191998 --clusters 16,8,4
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels" / "rs8" / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))  # rs8_op, rs8_ref
 from rs8_ref import float_keys  # the kernel's to_key, as int64
 
 ROW_REG_KEYS = 196_608

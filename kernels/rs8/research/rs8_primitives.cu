@@ -1,5 +1,5 @@
 // Costs of the primitives rs8 is built from, on the GPU at hand (one standalone
-// program: nvcc -O3 -arch=sm_90a bench/rs8_primitives.cu -o /tmp/prim && /tmp/prim).
+// program: nvcc -O3 -arch=sm_90a kernels/rs8/research/rs8_primitives.cu -o /tmp/prim && /tmp/prim).
 //
 // Why: rs8's one-request time is mostly fixed latency (launch, DSMEM exchange
 // rounds, block barriers), so the redesign needs each one's price measured

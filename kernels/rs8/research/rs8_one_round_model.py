@@ -8,7 +8,7 @@ a key it held back may belong to the top k; such a row would take the general pa
 prints, per row shape, the candidates per row against `main`'s window cut and how many rows
 are at risk, for several m (NOTES.md, fifteenth session).
 
-    python3 bench/rs8_one_round_model.py --ctx 112464,191998 --rows 12
+    python3 kernels/rs8/research/rs8_one_round_model.py --ctx 112464,191998 --rows 12
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ clusters start one after another, each extra row adds a fixed step; this prints 
 per-call time for 1..N rows of one length so that step can be read off, next to a
 1-element fill_ (the launch cost of any kernel in a graph).
 
-    python3 bench/rs8_rows_scaling.py --ctx 112464 --rows 1,2,3,4,6
+    python3 kernels/rs8/research/rs8_rows_scaling.py --ctx 112464 --rows 1,2,3,4,6
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels" / "rs8" / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))  # rs8_bench
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))  # rs8_op, rs8_ref
 import rs8_op
 from rs8_bench import graph_time_us
 
@@ -33,6 +34,8 @@ def main() -> None:
     parser.add_argument("--rows", default="1,2,3,4,6")
     parser.add_argument("--k", type=int, default=512)
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("rs8_rows_scaling.py: needs a CUDA GPU and a librs8.so build; torch sees no GPU")
     tiny = torch.zeros(1, device="cuda")
     print(f"1-element fill_: {per_call_us(lambda: tiny.fill_(1.0)):.2f} µs")
     for rows in (int(r) for r in args.rows.split(",")):

@@ -2,13 +2,16 @@
 # Nsight Compute view of one rs8 call (6 rows of CTX keys, k = 512) on the GPU
 # machine: scheduler/warp-state summaries, then stall samples per SASS
 # instruction (CSV), so time inside the kernel can be placed per instruction.
-#   bench/rs8_ncu.sh LIB OUTDIR [CTX]
+#   kernels/rs8/research/rs8_ncu.sh LIB OUTDIR [CTX]
 set -uo pipefail
-lib="$1"; out="$2"; ctx="${3:-112464}"
+[[ $# -ge 2 ]] || { echo "usage: $0 LIB OUTDIR [CTX]" >&2; exit 2; }
+command -v ncu >/dev/null || { echo "$0: needs Nsight Compute (ncu) and a CUDA GPU" >&2; exit 2; }
+lib="$(realpath "$1")"; out="$2"; ctx="${3:-112464}"
+py="$(cd "$(dirname "${BASH_SOURCE[0]}")/../python" && pwd)"  # rs8_op
 mkdir -p "$out"
 cat >/tmp/rs8_one.py <<PY
 import sys, torch
-sys.path.insert(0, "kernels/rs8/python")
+sys.path.insert(0, "$py")
 import rs8_op
 lib = rs8_op.open_library("$lib")
 x = torch.randn(6, $ctx, device="cuda")

@@ -5,9 +5,10 @@ when clusters start against each other, which cluster ends last, how much of a c
 lies between kernels, or which warp holds up a block barrier. The globaltimer stamps
 (32 ns steps on the H200) can: every block stamps its stages, and every warp stamps
 the collect step (its start after the threshold barrier, its end, and the next
-barrier's release). Inputs are cycled past the L2 as in rs8_bench.py.
+barrier's release). Inputs are cycled past the L2 as in bench/rs8_bench.py.
 
-    python3 bench/rs8_block_times.py --lib /tmp/rs8s/librs8.so --ctx 112464,191998 --rows 6
+    python3 kernels/rs8/research/rs8_block_times.py --lib /tmp/rs8s/librs8.so \\
+        --ctx 112464,191998 --rows 6
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels" / "rs8" / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))  # rs8_bench
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))  # rs8_op, rs8_ref
 import rs8_op
 from rs8_bench import buffers_past_l2, capture_graph, graph_time_us
 from rs8_candidates import threads
@@ -110,6 +112,8 @@ def main() -> None:
     parser.add_argument("--replays", type=int, default=30)
     parser.add_argument("--json", help="write the results here as well")
     args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("rs8_block_times.py: needs a CUDA GPU and a librs8.so build; torch sees no GPU")
     lib = rs8_op.open_library(args.lib)
     lib.rs8_read_stamps.restype = ctypes.c_int
     lib.rs8_read_stamps.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
