@@ -261,6 +261,6 @@ def verify_image(ref: str, public_key: Any, key_name: str, root: Path | None) ->
         if ptype not in by_type:
             raise VerifyFailed(f"no {what} attestation for {facts.digest} ({how}; run "
                                "`frank attest` and push again)")
-    result.components = _check_sbom(by_type[PREDICATE_SBOM], facts, inv)
     result.dependencies = _check_provenance(by_type[PREDICATE_SLSA], facts, inv)
+    result.components = _check_sbom(by_type[PREDICATE_SBOM], facts, inv)
     return result
