@@ -19,14 +19,13 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from frank.attest.dsse import ENVELOPE_MEDIA_TYPE
 from frank.errors import FrankError
+from frank.fsutil import write_atomic
 from frank.image.oci import (
     OCI_INDEX,
     OCI_MANIFEST,
@@ -124,20 +123,7 @@ def _write_blob(layout: Path, data: bytes) -> None:
     path = layout_blob_path(layout, sha256_bytes(data))
     if path.is_file() and sha256_bytes(path.read_bytes()) == sha256_bytes(data):
         return
-    _atomic(path, data)
-
-
-def _atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, data)
 
 
 def attach(layout: Path, referrers: list[Referrer]) -> None:
@@ -162,7 +148,7 @@ def attach(layout: Path, referrers: list[Referrer]) -> None:
     manifests += [r.descriptor() for r in referrers if r.digest not in have]
     index["manifests"] = manifests
     index.setdefault("mediaType", OCI_INDEX)
-    _atomic(index_path, canonical_json(index))
+    write_atomic(index_path, canonical_json(index))
     for r in old:
         if r.digest in drop:
             for b in (r.digest, r.envelope_digest):

@@ -1,11 +1,12 @@
 """SBOM, provenance and signature as OCI referrers, through Debian's docker-registry.
 
-A copy of the repo composes smoke-cpu with the embedded builder once per module; `frank
-attest` signs its SBOM and provenance into the layout (the image digest must not move),
-`frank push` sends image and referrers to a docker-registry on 127.0.0.1 (distribution 2.8:
-no referrers API, so the sha256-<digest> tag), and `frank verify` takes them back. A
-tampered SBOM, a wrong key and an image rebuilt from another lock are each refused with
-one line naming what differs.
+The registry is the session's (tests/image/conftest.py: docker-registry on a free loopback
+port, its own config and storage). A copy of the repo composes smoke-cpu with the embedded
+builder once per module; `frank attest` signs its SBOM and provenance into the layout (the
+image digest must not move), `frank push` sends image and referrers (distribution 2.8 has no
+referrers API, so the sha256-<digest> tag), and `frank verify` takes them back. A tampered
+SBOM, a wrong key and an image rebuilt from another lock are each refused with one line
+naming what differs.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import base64
 import json
 import shutil
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +25,6 @@ from frank.attest.layout import ARTIFACT_TYPE, artifact, attach, read_referrers
 from frank.image.oci import epoch_to_rfc3339, resolve_manifest
 from frank.image.registry import pull_layout
 from frank.plan import SOURCE_DATE_EPOCH
-from tests.image.conftest import start_registry, stop
 from tests.spine_helpers import REPO, Result, copy_repo, frank
 
 pytestmark = pytest.mark.slow
@@ -39,15 +38,6 @@ class Built:
     key: Path
     pub: Path
     other_pub: Path
-
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    proc, addr = start_registry(tmp_path_factory.mktemp("attest-registry"))
-    try:
-        yield addr
-    finally:
-        stop(proc)
 
 
 def ok(result: Result) -> Result:
