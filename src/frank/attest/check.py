@@ -118,12 +118,37 @@ def make_referrers(facts: ImageFacts, inv: Inventory, private_key: Any,
             for ptype, payload in stmts.items()]
 
 
-def attest_layout(layout: Path, private_key: Any, root: Path | None) -> dict[str, Any]:
-    """Attach the signed SBOM and provenance to ``layout``; a summary of what was written."""
+EXPORT_NAMES = {PREDICATE_SBOM: "sbom", PREDICATE_SLSA: "provenance"}
+
+
+def export(layout: Path, digest: str, refs: list[Referrer], out: Path) -> None:
+    """Write the image manifest and each attestation as files, for tools other than frank:
+    ``manifest.json`` (the bytes the digest names), ``sbom.dsse.json`` and
+    ``provenance.dsse.json`` (the envelopes), ``sbom.cdx.json`` (the CycloneDX document) and
+    ``provenance.json`` (the in-toto Statement)."""
+    from frank.fsutil import write_atomic
+    from frank.image.oci import read_layout_blob
+
+    write_atomic(out / "manifest.json", read_layout_blob(layout, digest, "manifest"))
+    for r in refs:
+        name = EXPORT_NAMES[r.predicate_type]
+        write_atomic(out / f"{name}.dsse.json", r.envelope)
+        stmt = parse(r.envelope).statement()
+        doc = stmt["predicate"] if r.predicate_type == PREDICATE_SBOM else stmt
+        write_atomic(out / ("sbom.cdx.json" if name == "sbom" else "provenance.json"),
+                     json.dumps(doc, indent=2, sort_keys=True) + "\n")
+
+
+def attest_layout(layout: Path, private_key: Any, root: Path | None,
+                  out: Path | None = None) -> dict[str, Any]:
+    """Attach the signed SBOM and provenance to ``layout`` (and write them as files into
+    ``out``); a summary of what was written."""
     facts = facts_from_layout(layout)
     inv = inventory(facts.lock, facts.config, root)
     refs = make_referrers(facts, inv, private_key)
     attach(layout, refs)
+    if out is not None:
+        export(layout, facts.digest, refs, out)
     return {"layout": str(layout), "image": facts.digest, "lock": facts.lock.digest,
             "key": key_id(private_key.public_key()), "components": len(inv.items),
             "not_listed": dict(inv.missing),

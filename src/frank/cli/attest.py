@@ -31,8 +31,11 @@ def layout_and_root(target: str) -> tuple[Path, Path | None, str | None]:
 @click.option("--key", "key", type=click.Path(path_type=Path), default=None,
               help=f"ECDSA P-256 private key, PEM (default: ${KEY_ENV}; an encrypted key's "
                    "passphrase comes from $FRANK_KEY_PASSWORD).")
+@click.option("--out", "out", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Also write manifest.json, sbom.cdx.json, provenance.json and the two "
+                   "*.dsse.json envelopes here (for cosign, scanners, people).")
 @json_option
-def attest(target: str, key: Path | None, as_json: bool) -> None:
+def attest(target: str, key: Path | None, out: Path | None, as_json: bool) -> None:
     """Write STACK's (or LAYOUT's) SBOM and SLSA provenance, signed, as OCI referrers.
 
     Nothing in the image changes (its digest stays); the attestations are listed in the
@@ -55,7 +58,7 @@ def attest(target: str, key: Path | None, as_json: bool) -> None:
             raise FrankError(f"the image was built from lock {image.lock_digest}, the stack's "
                              f"lock is now {stack_digest} (run `frank compose {target}`)",
                              file=layout)
-    summary = attest_layout(layout, private, root)
+    summary = attest_layout(layout, private, root, out)
     if as_json:
         emit_json(summary)
         return
