@@ -357,3 +357,19 @@ def test_exported_files_are_valid_cyclonedx_and_name_the_manifest(built: Built,
     assert env["payloadType"] == "application/vnd.in-toto+json"
     assert json.loads(base64.b64decode(env["payload"])) == \
         json.loads((tmp_path / "x/provenance.json").read_text())
+    # cosign's form, checked here without frank's code: keyid empty, sig base64 of an
+    # ASN.1 DER ECDSA P-256/SHA-256 signature over DSSEv1 PAE of the decoded payload
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec, utils
+
+    assert [s["keyid"] for s in env["signatures"]] == [""]
+    sig = base64.b64decode(env["signatures"][0]["sig"])
+    r, s = utils.decode_dss_signature(sig)
+    assert utils.encode_dss_signature(r, s) == sig
+    body = base64.b64decode(env["payload"])
+    ptype = env["payloadType"].encode()
+    message = b"DSSEv1 " + str(len(ptype)).encode() + b" " + ptype + b" " + \
+        str(len(body)).encode() + b" " + body
+    public = serialization.load_pem_public_key(built.pub.read_bytes())
+    assert isinstance(public, ec.EllipticCurvePublicKey)
+    public.verify(sig, message, ec.ECDSA(hashes.SHA256()))

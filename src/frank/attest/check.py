@@ -114,7 +114,8 @@ def make_referrers(facts: ImageFacts, inv: Inventory, private_key: Any,
 
     stmts = statements(inv, lock or facts.lock, facts.digest, SOURCE_DATE_EPOCH)
     created = epoch_to_rfc3339(SOURCE_DATE_EPOCH)
-    return [artifact(facts.descriptor, ptype, sign(payload, private_key), created)
+    kid = key_id(private_key.public_key())
+    return [artifact(facts.descriptor, ptype, sign(payload, private_key), created, kid)
             for ptype, payload in stmts.items()]
 
 
@@ -178,10 +179,9 @@ def _statement(ref: Referrer, public_key: Any, key_name: str, image: str) -> dic
     env = parse(ref.envelope)
     if not verify(env, public_key):
         given = key_id(public_key)
-        signers = sorted({k for k, _ in env.signatures if k})
-        if signers and given not in signers:
+        if ref.key and ref.key != given:
             raise VerifyFailed(f"{what} (referrer {ref.digest}) is signed by key "
-                               f"{signers[0]}, not by {key_name} ({given})")
+                               f"{ref.key}, not by {key_name} ({given})")
         raise VerifyFailed(f"{what} (referrer {ref.digest}): its signature does not verify "
                            f"with {key_name} ({given}): the {what} was changed after signing")
     if env.payload_type != PAYLOAD_TYPE:

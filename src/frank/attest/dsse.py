@@ -4,13 +4,14 @@ The envelope is the one cosign writes and ``cosign verify-attestation --key`` re
 
     {"payloadType": "application/vnd.in-toto+json",
      "payload": "<base64 of the in-toto Statement>",
-     "signatures": [{"keyid": "<sha256 of the public key's DER>", "sig": "<base64>"}]}
+     "signatures": [{"keyid": "", "sig": "<base64>"}]}
 
 ``sig`` is an ASN.1 DER ECDSA signature, SHA-256, over the DSSE pre-authentication encoding
 ``PAE(type, body) = "DSSEv1" SP len(type) SP type SP len(body) SP body`` (lengths in ASCII
-decimal). Signing is deterministic (RFC 6979), so attesting the same image twice gives the
-same bytes. Keys are PEM: the private key PKCS#8 (optionally encrypted with a passphrase),
-the public key SubjectPublicKeyInfo, the form ``cosign verify --key`` takes.
+decimal); ``keyid`` is empty, as cosign leaves it. Signing is deterministic (RFC 6979), so
+attesting the same image twice gives the same bytes. Keys are PEM: the private key PKCS#8
+(optionally encrypted with a passphrase), the public key SubjectPublicKeyInfo, the form
+``cosign verify --key`` takes.
 """
 
 from __future__ import annotations
@@ -129,8 +130,9 @@ def sign(payload: bytes, private_key: Any, payload_type: str = PAYLOAD_TYPE) -> 
     return canonical_json({
         "payloadType": payload_type,
         "payload": base64.b64encode(payload).decode(),
-        "signatures": [{"keyid": key_id(private_key.public_key()),
-                        "sig": base64.b64encode(sig).decode()}],
+        # keyid empty, as cosign writes it: a verifier that computes its own key id
+        # (go-securesystemslib's SHA256KeyID) skips a signature whose keyid differs
+        "signatures": [{"keyid": "", "sig": base64.b64encode(sig).decode()}],
     })
 
 

@@ -44,6 +44,9 @@ EMPTY_DESCRIPTOR = {"mediaType": EMPTY_MEDIA_TYPE, "digest": sha256_bytes(EMPTY_
                     "size": len(EMPTY_BLOB), "data": base64.b64encode(EMPTY_BLOB).decode()}
 PREDICATE_ANNOTATION = "in-toto.io/predicate-type"
 CREATED_ANNOTATION = "org.opencontainers.image.created"
+# Which key signed (``sha256:<hex of its DER>``): not signed itself, only used to say
+# "signed by another key" rather than "changed after signing" once a signature failed.
+KEY_ANNOTATION = "dev.frank.attest.key"
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class Referrer:
     predicate_type: str
     envelope: bytes
     envelope_digest: str
+    key: str = ""
 
     def descriptor(self) -> dict[str, Any]:
         """As a referrers list (or the layout's index.json) names it."""
@@ -64,7 +68,7 @@ class Referrer:
 
 
 def artifact(subject: dict[str, Any], predicate_type: str, envelope: bytes,
-             created: str) -> Referrer:
+             created: str, key: str = "") -> Referrer:
     """The artifact manifest carrying ``envelope`` that refers to ``subject``."""
     env_digest = sha256_bytes(envelope)
     manifest = canonical_json({
@@ -74,9 +78,11 @@ def artifact(subject: dict[str, Any], predicate_type: str, envelope: bytes,
                     "size": len(envelope)}],
         "subject": {"mediaType": subject["mediaType"], "digest": subject["digest"],
                     "size": subject["size"]},
-        "annotations": {PREDICATE_ANNOTATION: predicate_type, CREATED_ANNOTATION: created},
+        "annotations": {PREDICATE_ANNOTATION: predicate_type, CREATED_ANNOTATION: created,
+                        **({KEY_ANNOTATION: key} if key else {})},
     })
-    return Referrer(sha256_bytes(manifest), manifest, predicate_type, envelope, env_digest)
+    return Referrer(sha256_bytes(manifest), manifest, predicate_type, envelope, env_digest,
+                    key)
 
 
 def parse_artifact(digest: str, manifest: bytes, fetch: Any) -> Referrer | None:
@@ -97,8 +103,9 @@ def parse_artifact(digest: str, manifest: bytes, fetch: Any) -> Referrer | None:
     if sha256_bytes(envelope) != env_digest:
         raise FrankError(f"referrer {digest}: its envelope does not match its digest "
                          f"{env_digest}")
-    ptype = str((doc.get("annotations") or {}).get(PREDICATE_ANNOTATION, ""))
-    return Referrer(digest, manifest, ptype, envelope, env_digest)
+    notes = doc.get("annotations") or {}
+    return Referrer(digest, manifest, str(notes.get(PREDICATE_ANNOTATION, "")), envelope,
+                    env_digest, str(notes.get(KEY_ANNOTATION, "")))
 
 
 def subject_of(manifest: bytes) -> str | None:
