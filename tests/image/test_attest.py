@@ -27,7 +27,6 @@ from frank.image.registry import pull_layout
 from frank.plan import SOURCE_DATE_EPOCH
 from tests.spine_helpers import REPO, Result, copy_repo, frank
 
-pytestmark = pytest.mark.slow
 
 
 @dataclass
@@ -83,6 +82,7 @@ def test_pae_is_the_dsse_spec_encoding() -> None:
         b"DSSEv1 29 http://example.com/HelloWorld 11 hello world"
 
 
+@pytest.mark.slow
 def test_attest_push_pull_verify(built: Built, registry: str, tmp_path: Path) -> None:
     manifest_before = resolve_manifest(built.layout)[1]
     attested = json.loads(ok(frank("attest", "stacks/smoke-cpu.toml", "--key", str(built.key),
@@ -129,6 +129,7 @@ def test_attest_push_pull_verify(built: Built, registry: str, tmp_path: Path) ->
     assert "not checked: the base's Debian packages" in away.out
 
 
+@pytest.mark.slow
 def test_sbom_and_provenance_say_what_the_lock_pins(built: Built) -> None:
     ok(frank("attest", str(built.layout), "--key", str(built.key), cwd=built.repo))
     lock = json.loads((built.repo / "stacks/smoke-cpu.lock").read_text())
@@ -185,6 +186,7 @@ def _tampered_sbom(layout: Path, digest: str, key: Path | None) -> None:
     attach(layout, [artifact(desc, PREDICATE_SBOM, envelope, epoch_to_rfc3339(0))])
 
 
+@pytest.mark.slow
 def test_tampered_sbom_is_refused(built: Built, registry: str, tmp_path: Path) -> None:
     ok(frank("attest", str(built.layout), "--key", str(built.key), cwd=built.repo))
     layout = copy_layout(built.layout, tmp_path / "tampered")
@@ -198,6 +200,7 @@ def test_tampered_sbom_is_refused(built: Built, registry: str, tmp_path: Path) -
     assert line.startswith("frank: error: ")
 
 
+@pytest.mark.slow
 def test_resigned_tampered_sbom_is_refused(built: Built, registry: str, tmp_path: Path) -> None:
     """Signed by the right key, but not what the lock pins: the component is named."""
     ok(frank("attest", str(built.layout), "--key", str(built.key), cwd=built.repo))
@@ -209,6 +212,7 @@ def test_resigned_tampered_sbom_is_refused(built: Built, registry: str, tmp_path
             "SBOM: deb:dash@", "sha256 is '" + "0" * 64 + "'", "the image's lock gives")
 
 
+@pytest.mark.slow
 def test_wrong_key_is_refused(built: Built, registry: str) -> None:
     ok(frank("attest", str(built.layout), "--key", str(built.key), cwd=built.repo))
     repo = f"{registry}/frank/wrongkey"
@@ -217,6 +221,7 @@ def test_wrong_key_is_refused(built: Built, registry: str) -> None:
                   cwd=built.repo), "is signed by key sha256:", f"not by {built.other_pub}")
 
 
+@pytest.mark.slow
 def test_image_from_another_lock_is_refused(built: Built, registry: str) -> None:
     """An image rebuilt from another lock, carrying attestations made from the first lock."""
     from frank.attest.check import facts_from_layout, make_referrers
@@ -257,6 +262,7 @@ def test_image_from_another_lock_is_refused(built: Built, registry: str) -> None
             f"whose subject is {first.digest}", f"not the image {second.digest}")
 
 
+@pytest.mark.slow
 def test_no_attestations_is_refused(built: Built, registry: str) -> None:
     repo = f"{registry}/frank/bare"
     from frank.image.registry import push_layout
@@ -266,6 +272,7 @@ def test_no_attestations_is_refused(built: Built, registry: str) -> None:
             "no SBOM attestation", built.digest)
 
 
+@pytest.mark.slow
 def test_bad_input_is_one_line_exit_2(built: Built, tmp_path: Path) -> None:
     res = frank("attest", "stacks/smoke-cpu.toml", cwd=built.repo)
     assert res.code == 2 and "--key" in res.err and len(res.err.strip().splitlines()) == 1
@@ -318,6 +325,7 @@ def test_served_cpu_sbom_lists_every_wheel_and_deb() -> None:
     assert _schema_errors(doc) is None
 
 
+@pytest.mark.slow
 def test_compose_again_keeps_the_attestations_of_the_same_image(built: Built) -> None:
     ok(frank("attest", "smoke-cpu", "--key", str(built.key), cwd=built.repo))
     before = json.loads((built.layout / "index.json").read_text())
@@ -339,6 +347,7 @@ def _schema_errors(doc: dict) -> object:
     return JsonStrictValidator(SchemaVersion.V1_6).validate_str(json.dumps(doc))
 
 
+@pytest.mark.slow
 def test_exported_files_are_valid_cyclonedx_and_name_the_manifest(built: Built,
                                                                  tmp_path: Path) -> None:
     ok(frank("attest", "smoke-cpu", "--key", str(built.key), "--out", str(tmp_path / "x"),
