@@ -28,7 +28,6 @@ from frank.plan import SOURCE_DATE_EPOCH
 from tests.spine_helpers import REPO, Result, copy_repo, frank
 
 
-
 @dataclass
 class Built:
     repo: Path
