@@ -381,3 +381,17 @@ def test_exported_files_are_valid_cyclonedx_and_name_the_manifest(built: Built,
     public = serialization.load_pem_public_key(built.pub.read_bytes())
     assert isinstance(public, ec.EllipticCurvePublicKey)
     public.verify(sig, message, ec.ECDSA(hashes.SHA256()))
+
+
+@pytest.mark.slow
+def test_attest_refuses_an_image_older_than_its_stack(built: Built) -> None:
+    stack = built.repo / "stacks/smoke-stale.toml"
+    stack.write_text('extends = "smoke-cpu.toml"\n[env]\nFRANK_STALE = "1"\n')
+    ok(frank("compose", "stacks/smoke-stale.toml", cwd=built.repo))
+    stack.write_text('extends = "smoke-cpu.toml"\n[env]\nFRANK_STALE = "2"\n')
+    res = frank("attest", "smoke-stale", "--key", str(built.key), cwd=built.repo)
+    assert res.code == 2 and len(res.err.strip().splitlines()) == 1
+    assert "the image was built from lock sha256:" in res.err
+    assert "run `frank compose smoke-stale`" in res.err
+    layout = built.repo / "out/smoke-stale/image"
+    assert len(json.loads((layout / "index.json").read_text())["manifests"]) == 1

@@ -141,10 +141,16 @@ def export(layout: Path, digest: str, refs: list[Referrer], out: Path) -> None:
 
 
 def attest_layout(layout: Path, private_key: Any, root: Path | None,
-                  out: Path | None = None) -> dict[str, Any]:
+                  out: Path | None = None, *, stack: str | None = None,
+                  stack_digest: str | None = None) -> dict[str, Any]:
     """Attach the signed SBOM and provenance to ``layout`` (and write them as files into
-    ``out``); a summary of what was written."""
+    ``out``); a summary of what was written. Given ``stack_digest`` (the stack's current
+    lock), an image built from another lock is refused."""
     facts = facts_from_layout(layout)
+    if stack_digest is not None and facts.lock.digest != stack_digest:
+        raise FrankError(f"the image was built from lock {facts.lock.digest}, the stack's "
+                         f"lock is now {stack_digest} (run `frank compose {stack}`)",
+                         file=layout)
     inv = inventory(facts.lock, facts.config, root)
     refs = make_referrers(facts, inv, private_key)
     attach(layout, refs)

@@ -43,7 +43,6 @@ def attest(target: str, key: Path | None, out: Path | None, as_json: bool) -> No
     """
     from frank.attest.check import attest_layout
     from frank.attest.dsse import load_private_key
-    from frank.image.verify import verify_layout
 
     if key is None:
         if not os.environ.get(KEY_ENV):
@@ -52,13 +51,7 @@ def attest(target: str, key: Path | None, out: Path | None, as_json: bool) -> No
         key = Path(os.environ[KEY_ENV])
     private = load_private_key(key)
     layout, root, stack_digest = layout_and_root(target)
-    if stack_digest is not None:
-        image = verify_layout(layout)
-        if image.lock_digest != stack_digest:
-            raise FrankError(f"the image was built from lock {image.lock_digest}, the stack's "
-                             f"lock is now {stack_digest} (run `frank compose {target}`)",
-                             file=layout)
-    summary = attest_layout(layout, private, root, out)
+    summary = attest_layout(layout, private, root, out, stack=target, stack_digest=stack_digest)
     if as_json:
         emit_json(summary)
         return
