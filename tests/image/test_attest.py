@@ -395,3 +395,49 @@ def test_attest_refuses_an_image_older_than_its_stack(built: Built) -> None:
     assert "run `frank compose smoke-stale`" in res.err
     layout = built.repo / "out/smoke-stale/image"
     assert len(json.loads((layout / "index.json").read_text())["manifests"]) == 1
+
+
+@pytest.mark.slow
+def test_push_also_lists_the_envelopes_under_cosigns_att_tag(built: Built,
+                                                             registry: str) -> None:
+    """Where cosign looks without OCI 1.1: sha256-<hex>.att, an image whose layers are the
+    envelopes (cosign itself is not installed here: this checks the layout it reads)."""
+    from frank.attest.check import facts_from_layout
+    from frank.attest.dsse import load_public_key, verify
+    from frank.attest.remote import Registry, cosign_tag
+    from frank.image.store import sha256_bytes
+
+    ok(frank("attest", "smoke-cpu", "--key", str(built.key), cwd=built.repo))
+    repo = f"{registry}/frank/cosign"
+    out = ok(frank("push", "smoke-cpu", "--to", repo, cwd=built.repo)).out
+    tag = cosign_tag(built.digest)
+    assert tag == f"sha256-{built.digest[7:]}.att" and f"{repo}:{tag}" in out
+    reg = Registry(registry)
+    raw = reg.get_manifest("frank/cosign", tag)
+    assert raw is not None
+    doc = json.loads(raw)
+    assert doc["mediaType"] == "application/vnd.oci.image.manifest.v1+json"
+    config = json.loads(reg.get_blob("frank/cosign", doc["config"]["digest"]))
+    assert config["rootfs"]["diff_ids"] == [x["digest"] for x in doc["layers"]]
+    public = load_public_key(built.pub)
+    types = []
+    for layer in doc["layers"]:
+        assert layer["mediaType"] == "application/vnd.dsse.envelope.v1+json"
+        assert layer["annotations"]["dev.cosignproject.cosign/signature"] == ""
+        envelope = reg.get_blob("frank/cosign", layer["digest"])
+        assert sha256_bytes(envelope) == layer["digest"]
+        env = parse(envelope)
+        assert verify(env, public)
+        stmt = json.loads(env.payload)
+        assert stmt["subject"][0]["digest"]["sha256"] == built.digest[7:]
+        assert stmt["predicateType"] == layer["annotations"]["predicateType"]
+        types.append(stmt["predicateType"])
+    assert sorted(types) == sorted([PREDICATE_SBOM, PREDICATE_SLSA])
+    # pushing again replaces frank's layers, it does not pile them up
+    ok(frank("push", "smoke-cpu", "--to", repo, cwd=built.repo))
+    again = reg.get_manifest("frank/cosign", tag)
+    assert again is not None and len(json.loads(again)["layers"]) == 2
+    assert facts_from_layout(built.layout).digest == built.digest
+    res = frank("push", "smoke-cpu", "--to", f"{registry}/frank/nocosign", "--no-cosign-tag",
+                cwd=built.repo)
+    assert ok(res) and ".att" not in res.out

@@ -10,7 +10,10 @@ HTTP API (standard library only):
   API) the client keeps the **referrers tag** ``sha256-<hex of the subject>``: an image
   index listing the artifacts, read, extended and written back (OCI distribution-spec 1.1,
   "Referrers Tag Schema");
-- read: ``GET /v2/<name>/referrers/<digest>``; a 404 there means the tag scheme.
+- read: ``GET /v2/<name>/referrers/<digest>``; a 404 there means the tag scheme;
+- for cosign, the same envelopes are also listed under its own tag ``sha256-<hex>.att``
+  (an image whose layers are the envelopes), where ``cosign verify-attestation --key``
+  looks when it does not use OCI 1.1.
 
 Loopback registries are spoken to over plain HTTP (the test registry); anything else over
 verified HTTPS, with a bearer token or basic credentials from the same auth files skopeo and
@@ -263,6 +266,58 @@ def push_referrers(repository: str, subject: str, referrers: list[Referrer]) -> 
     index["manifests"] = kept + [r.descriptor() for r in referrers]
     reg.put_manifest(name, tag, canonical_json(index), OCI_INDEX)
     return PushedReferrers("tag", digests, tag)
+
+
+COSIGN_SIGNATURE_ANNOTATION = "dev.cosignproject.cosign/signature"
+COSIGN_PREDICATE_ANNOTATION = "predicateType"
+_COSIGN_CREATED = "0001-01-01T00:00:00Z"
+
+
+def cosign_tag(digest: str) -> str:
+    """cosign's own attestation tag of ``digest``: ``sha256-<hex>.att``."""
+    return fallback_tag(digest) + ".att"
+
+
+def push_cosign_tag(repository: str, subject: str, referrers: list[Referrer]) -> str:
+    """Also list the envelopes where cosign looks without OCI 1.1 (``cosign
+    verify-attestation --key``): an image under ``sha256-<hex>.att`` whose layers are the
+    DSSE envelopes, each annotated ``predicateType`` and an empty
+    ``dev.cosignproject.cosign/signature``, as cosign's own ``attest`` writes it. Layers of
+    other predicate types already there (another tool's attestations) are kept."""
+    from frank.attest.dsse import ENVELOPE_MEDIA_TYPE
+    from frank.image.oci import OCI_CONFIG
+
+    host, name, _ = split_ref(repository)
+    reg = Registry(host)
+    tag = cosign_tag(subject)
+    ours = [{"mediaType": ENVELOPE_MEDIA_TYPE, "digest": r.envelope_digest,
+             "size": len(r.envelope),
+             "annotations": {COSIGN_SIGNATURE_ANNOTATION: "",
+                             COSIGN_PREDICATE_ANNOTATION: r.predicate_type}}
+            for r in referrers]
+    types = {r.predicate_type for r in referrers}
+    kept: list[dict[str, Any]] = []
+    raw = reg.get_manifest(name, tag)
+    if raw is not None:
+        with contextlib.suppress(ValueError, AttributeError):
+            kept = [x for x in json.loads(raw).get("layers") or [] if isinstance(x, dict)
+                    and (x.get("annotations") or {}).get(COSIGN_PREDICATE_ANNOTATION)
+                    not in types and x.get("digest") not in {o["digest"] for o in ours}]
+    layers = kept + ours
+    for r in referrers:
+        reg.put_blob(name, r.envelope)
+    config = canonical_json({
+        "architecture": "", "config": {}, "created": _COSIGN_CREATED,
+        "history": [{"created": _COSIGN_CREATED} for _ in layers], "os": "",
+        "rootfs": {"type": "layers", "diff_ids": [x["digest"] for x in layers]}})
+    reg.put_blob(name, config)
+    manifest = canonical_json({
+        "schemaVersion": 2, "mediaType": OCI_MANIFEST,
+        "config": {"mediaType": OCI_CONFIG, "digest": sha256_bytes(config),
+                   "size": len(config)},
+        "layers": layers})
+    reg.put_manifest(name, tag, manifest, OCI_MANIFEST)
+    return tag
 
 
 def pull_referrers(repository: str, subject: str) -> tuple[list[Referrer], str]:

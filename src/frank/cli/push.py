@@ -16,14 +16,18 @@ from frank.errors import FrankError
 @click.option("--layout", "layout", type=click.Path(path_type=Path), default=None,
               help="OCI layout of the composed image (default: out/<stack>/image).")
 @click.option("--tag", "tags", multiple=True, help="Extra tag (repeatable).")
-def push(stack: str, to: str, layout: Path | None, tags: tuple[str, ...]) -> None:
+@click.option("--cosign-tag/--no-cosign-tag", "cosign", default=True, show_default=True,
+              help="Also list the attestations under cosign's sha256-<digest>.att tag.")
+def push(stack: str, to: str, layout: Path | None, tags: tuple[str, ...],
+         cosign: bool) -> None:
     """Push STACK's image to HOST/REPO by digest, then tag it: stack name, lock-<digest>.
 
     Attestations in the layout (`frank attest`) follow as referrers: through the registry's
-    referrers API where it has one, else listed under the tag sha256-<image digest hex>.
+    referrers API where it has one, else listed under the tag sha256-<image digest hex>;
+    and, for cosign, under its tag sha256-<image digest hex>.att.
     """
     from frank.attest.layout import read_referrers
-    from frank.attest.remote import push_referrers
+    from frank.attest.remote import push_cosign_tag, push_referrers
     from frank.image.registry import default_tags, push_layout
 
     if layout is None:
@@ -46,3 +50,6 @@ def push(stack: str, to: str, layout: Path | None, tags: tuple[str, ...]) -> Non
             f"referrers tag {result.repository}:{pushed.tag}"
         for digest in pushed.digests:
             click.echo(f"{result.repository}@{digest} ({how})")
+        if cosign:
+            tag = push_cosign_tag(result.repository, result.digest, referrers)
+            click.echo(f"{result.repository}:{tag} (cosign's attestation tag)")
