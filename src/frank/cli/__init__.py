@@ -17,11 +17,13 @@ from frank.errors import FrankError
 
 # command name -> "module:attribute"; each module holds one click command.
 COMMANDS: dict[str, str] = {
+    "attest": "frank.cli.attest:attest",
     "check": "frank.cli.check:check",
     "compose": "frank.cli.compose:compose",
     "debs": "frank.cli.debs:debs",
     "diff": "frank.cli.diff:diff",
     "inspect": "frank.cli.inspect:inspect_cmd",
+    "keygen": "frank.cli.keygen:keygen",
     "lock": "frank.cli.lock:lock",
     "parts": "frank.cli.parts:parts",
     "pin": "frank.cli.pin:pin",
@@ -31,6 +33,7 @@ COMMANDS: dict[str, str] = {
     "serve": "frank.cli.serve:serve",
     "show": "frank.cli.show:show",
     "trial": "frank.cli.trial:trial",
+    "verify": "frank.cli.verify:verify",
 }
 
 

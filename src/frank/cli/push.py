@@ -1,4 +1,5 @@
-"""``frank push STACK --to HOST/REPO``: push the stack's image by digest, then tag it."""
+"""``frank push STACK --to HOST/REPO``: push the stack's image by digest, tag it, and push
+the attestations ``frank attest`` attached to it as referrers."""
 
 from __future__ import annotations
 
@@ -15,8 +16,18 @@ from frank.errors import FrankError
 @click.option("--layout", "layout", type=click.Path(path_type=Path), default=None,
               help="OCI layout of the composed image (default: out/<stack>/image).")
 @click.option("--tag", "tags", multiple=True, help="Extra tag (repeatable).")
-def push(stack: str, to: str, layout: Path | None, tags: tuple[str, ...]) -> None:
-    """Push STACK's image to HOST/REPO by digest, then tag it: stack name, lock-<digest>."""
+@click.option("--cosign-tag/--no-cosign-tag", "cosign", default=True, show_default=True,
+              help="Also list the attestations under cosign's sha256-<digest>.att tag.")
+def push(stack: str, to: str, layout: Path | None, tags: tuple[str, ...],
+         cosign: bool) -> None:
+    """Push STACK's image to HOST/REPO by digest, then tag it: stack name, lock-<digest>.
+
+    Attestations in the layout (`frank attest`) follow as referrers: through the registry's
+    referrers API where it has one, else listed under the tag sha256-<image digest hex>;
+    and, for cosign, under its tag sha256-<image digest hex>.att.
+    """
+    from frank.attest.layout import read_referrers
+    from frank.attest.remote import push_cosign_tag, push_referrers
     from frank.image.registry import default_tags, push_layout
 
     if layout is None:
@@ -32,3 +43,13 @@ def push(stack: str, to: str, layout: Path | None, tags: tuple[str, ...]) -> Non
     click.echo(result.reference)
     for t in result.tags:
         click.echo(f"{result.repository}:{t}")
+    referrers = read_referrers(layout, result.digest)
+    if referrers:
+        pushed = push_referrers(result.repository, result.digest, referrers)
+        how = "referrers API" if pushed.scheme == "api" else \
+            f"referrers tag {result.repository}:{pushed.tag}"
+        for digest in pushed.digests:
+            click.echo(f"{result.repository}@{digest} ({how})")
+        if cosign:
+            tag = push_cosign_tag(result.repository, result.digest, referrers)
+            click.echo(f"{result.repository}:{tag} (cosign's attestation tag)")

@@ -312,10 +312,44 @@ def build_image(spec: ImageSpec, store: BlobStore, out_layout: Path, *,
                             "size": len(manifest_raw)}
     if ref_name:
         desc["annotations"] = {REF_NAME_ANNOTATION: ref_name}
-    index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [desc]}
-    blobs = [config_digest, manifest_digest, *(d["digest"] for d in layer_descs)]
+    from frank.outdir import final_path
+
+    kept, kept_blobs = kept_referrers(store, final_path(Path(out_layout)), manifest_digest)
+    index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [desc, *kept]}
+    blobs = [config_digest, manifest_digest, *(d["digest"] for d in layer_descs), *kept_blobs]
     write_layout(store, Path(out_layout), canonical_json(index), blobs, epoch=epoch)
     return manifest_digest
+
+
+def kept_referrers(store: BlobStore, layout: Path, subject: str
+                   ) -> tuple[list[dict[str, Any]], list[str]]:
+    """The referrers (artifacts whose ``subject`` is ``subject``: the attestations ``frank
+    attest`` wrote) listed in the layout a build replaces, with their blobs put in the store:
+    an image built again to the same digest keeps them, a changed image drops them."""
+    try:
+        descs = layout_manifests(layout)
+    except FrankError:
+        return [], []
+    kept: list[dict[str, Any]] = []
+    blobs: list[str] = []
+    for d in descs:
+        if not isinstance(d, dict) or "artifactType" not in d:
+            continue
+        try:
+            digest, _, _ = _descriptor(d, layout / "index.json", "index.json referrer")
+            raw = read_layout_blob(layout, digest, "referrer")
+            doc = _parse_json_blob(raw, layout_blob_path(layout, digest), "referrer")
+            if (doc.get("subject") or {}).get("digest") != subject:
+                continue
+            parts = [raw] + [read_layout_blob(layout, _descriptor(x, layout, "referrer blob")[0],
+                                              "referrer blob")
+                             for x in [doc.get("config"), *(doc.get("layers") or [])]]
+        except FrankError:
+            continue  # a damaged referrer is not carried over
+        for data in parts:
+            blobs.append(store.put_bytes(data))
+        kept.append(d)
+    return kept, blobs
 
 
 def write_layout(store: BlobStore, out: Path, index_raw: bytes, blobs: list[str], *,

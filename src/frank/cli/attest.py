@@ -1,0 +1,63 @@
+"""``frank attest STACK|LAYOUT --key KEY``: sign the image's SBOM and provenance, attach them."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from frank.cli.output import emit_json, json_option
+from frank.errors import FrankError
+
+KEY_ENV = "FRANK_SIGNING_KEY"
+
+
+def layout_and_root(target: str) -> tuple[Path, Path | None, str | None]:
+    """(layout, repo root or None, the stack's current lock digest) for a stack or layout."""
+    from frank.cli.run import _layout_of
+    from frank.fsutil import find_repo_root
+
+    layout, stack_digest, _ = _layout_of(target)
+    try:
+        root: Path | None = find_repo_root(Path.cwd())
+    except FrankError:
+        root = None
+    return layout, root, stack_digest
+
+
+@click.command()
+@click.argument("target", metavar="STACK|LAYOUT")
+@click.option("--key", "key", type=click.Path(path_type=Path), default=None,
+              help=f"ECDSA P-256 private key, PEM (default: ${KEY_ENV}; an encrypted key's "
+                   "passphrase comes from $FRANK_KEY_PASSWORD).")
+@click.option("--out", "out", type=click.Path(path_type=Path, file_okay=False), default=None,
+              help="Also write manifest.json, sbom.cdx.json, provenance.json and the two "
+                   "*.dsse.json envelopes here (for cosign, scanners, people).")
+@json_option
+def attest(target: str, key: Path | None, out: Path | None, as_json: bool) -> None:
+    """Write STACK's (or LAYOUT's) SBOM and SLSA provenance, signed, as OCI referrers.
+
+    Nothing in the image changes (its digest stays); the attestations are listed in the
+    layout's index.json, each an artifact whose subject is the image manifest.
+    """
+    from frank.attest.check import attest_layout
+    from frank.attest.dsse import load_private_key
+
+    if key is None:
+        if not os.environ.get(KEY_ENV):
+            raise FrankError(f"no signing key: give --key KEY or set ${KEY_ENV} "
+                             "(make one with `frank keygen`)", field="--key")
+        key = Path(os.environ[KEY_ENV])
+    private = load_private_key(key)
+    layout, root, stack_digest = layout_and_root(target)
+    summary = attest_layout(layout, private, root, out, stack=target, stack_digest=stack_digest)
+    if as_json:
+        emit_json(summary)
+        return
+    click.echo(f"{summary['image']} (lock {summary['lock']})")
+    for what, digest in summary["referrers"].items():
+        click.echo(f"  {what:10s} {digest}")
+    click.echo(f"  {summary['components']} components, signed by {summary['key']}")
+    for why in summary["not_listed"].values():
+        click.echo(f"  not listed: {why}")

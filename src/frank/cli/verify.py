@@ -1,0 +1,52 @@
+"""``frank verify IMAGE_REF --key PUB``: check an image's signed SBOM and provenance."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict
+from pathlib import Path
+
+import click
+
+from frank.cli.output import emit_json, json_option
+from frank.errors import FrankError
+
+PUB_ENV = "FRANK_VERIFY_KEY"
+
+
+@click.command()
+@click.argument("image_ref", metavar="IMAGE_REF")
+@click.option("--key", "key", type=click.Path(path_type=Path), default=None,
+              help=f"The signer's public key, PEM (default: ${PUB_ENV}).")
+@json_option
+def verify(image_ref: str, key: Path | None, as_json: bool) -> None:
+    """Verify IMAGE_REF (HOST/NAME[:TAG|@DIGEST], or an OCI layout) against its lock.
+
+    Reads the image's manifest, config and lock, its referrers (the referrers API, else the
+    sha256-<digest> tag), checks each signature with the key, each subject against the image
+    digest, and the SBOM and provenance against what the image's lock pins. Exit 0 when all
+    hold; otherwise one line naming what differs, exit 1 (bad input: exit 2).
+    """
+    from frank.attest.check import verify_image
+    from frank.attest.dsse import load_public_key
+    from frank.fsutil import find_repo_root
+
+    if key is None:
+        if not os.environ.get(PUB_ENV):
+            raise FrankError(f"no public key: give --key PUB or set ${PUB_ENV}", field="--key")
+        key = Path(os.environ[PUB_ENV])
+    public = load_public_key(key)
+    try:
+        root: Path | None = find_repo_root(Path.cwd())
+    except FrankError:
+        root = None
+    result = verify_image(image_ref, public, str(key), root)
+    if as_json:
+        emit_json(asdict(result))
+        return
+    click.echo(f"verified {image_ref}: image {result.image}, lock {result.lock}, signed by "
+               f"{result.key} ({result.found})")
+    click.echo(f"  SBOM {result.components} components, provenance {result.dependencies} "
+               "resolved dependencies: as the image's lock pins them")
+    for why in result.not_checked.values():
+        click.echo(f"  not checked: {why}")
