@@ -43,7 +43,7 @@ def choose_builder(plan: BuildPlan, requested: Builder) -> tuple[str, str]:
     """(builder, why) for the plan; a request the plan cannot honour is an error."""
     from frank.image.engines import detect
 
-    running = [layer.name for layer in plan.layers if layer.run]
+    running = [layer.name for layer in plan.layers if layer.run or layer.stage]
     if requested == "oci":
         if running:
             raise FrankError(f"the embedded builder cannot run commands, and {running[0]} "

@@ -72,6 +72,7 @@ def impure_steps(resolved: Resolved) -> list[str]:
     from frank.kinds.engine import EngineBase
     from frank.kinds.package import Package
     from frank.kinds.patch import Patch
+    from frank.kinds.step import Step
 
     parts = [rp.manifest.part for rp in resolved.parts]
     compiled = [p.name for p in parts if isinstance(p, Patch) and p.touches_compiled]
@@ -84,7 +85,11 @@ def impure_steps(resolved: Resolved) -> list[str]:
             elif part.wheel is None:
                 out.append(f"engine:{part.name}: vLLM's precompiled path (no release wheel)")
         if isinstance(part, Package) and part.git is not None:
-            out.append(f"package:{part.name}: wheel built from git inside the image")
+            out.append(f"package:{part.name}: wheel built from git {part.git.repo} at "
+                       f"{part.git.commit} in a builder stage (a container engine)")
+        if isinstance(part, Step):
+            out.append(f"step:{part.name}: runs in a container on the image below; its "
+                       f"outputs {', '.join(part.outputs)} are the layer")
     return out
 
 

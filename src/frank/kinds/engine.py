@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import AfterValidator, model_validator
 
+from frank.archs import check_arch, spell_archs
 from frank.kinds.base import (
     LayerContribution,
     PartBase,
@@ -15,11 +17,23 @@ from frank.kinds.base import (
     Slug,
     Strict,
 )
-from frank.pins import Commit, GitUrl, ImageRef, SafeHttpUrl, Sha256, Version, matching
+from frank.pins import Commit, GitUrl, ImageRef, SafeHttpUrl, Sha256, Version
 
-# TORCH_CUDA_ARCH_LIST's form: 12.0, 9.0a, 8.6+PTX.
-check_cuda_arch = matching(r"[0-9]{1,2}\.[0-9][af]?(\+PTX)?", "a CUDA arch like 12.0 or 9.0a")
+
+def check_cuda_arch(value: str) -> str:
+    """An arch in any spelling frank.archs reads (12.0, 12.0f, sm_120a), or TORCH_CUDA_ARCH_LIST's
+    ``8.6+PTX``."""
+    check_arch(value.removesuffix("+PTX") if _DOTTED_PTX.fullmatch(value) else value)
+    return value
+
+
+_DOTTED_PTX = re.compile(r"[0-9]{1,2}\.[0-9]\+PTX")
 CudaArch = Annotated[str, AfterValidator(check_cuda_arch)]
+
+
+def torch_arch_list(archs: list[str]) -> str:
+    """The engine's archs as TORCH_CUDA_ARCH_LIST (``12.0;9.0a;8.6+PTX``)."""
+    return ";".join(a if a.endswith("+PTX") else spell_archs([a], "torch") for a in archs)
 
 
 class PinnedWheel(Strict):
