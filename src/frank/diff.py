@@ -25,8 +25,10 @@ def field_changes(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, An
             for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)]
 
 
-def diff_locks(a: Lock, b: Lock, root: Path) -> dict[str, Any]:
-    """A structured diff of two locks, ready for a table or for JSON."""
+def diff_locks(a: Lock, b: Lock, root: Path,
+               closures: tuple[bytes | None, bytes | None] = (None, None)) -> dict[str, Any]:
+    """A structured diff of two locks, ready for a table or for JSON (``closures``: the
+    pylock texts of a and b where they are not the files the locks name)."""
     parts: list[dict[str, Any]] = []
     names = sorted({p.name for p in a.parts} | {p.name for p in b.parts})
     for name in names:
@@ -53,8 +55,8 @@ def diff_locks(a: Lock, b: Lock, root: Path) -> dict[str, Any]:
         {"model": b.model, "target": b.target, "base_image": b.base_image,
          "command": b.command, "flags": b.flags, "env": b.env, "plugins": b.plugins},
     )
-    la = {x.name: x for x in build_plan(a, root).layers}
-    lb = {x.name: x for x in build_plan(b, root).layers}
+    la = {x.name: x for x in build_plan(a, root, closures[0]).layers}
+    lb = {x.name: x for x in build_plan(b, root, closures[1]).layers}
     layers = []
     for name in [*la, *(n for n in lb if n not in la)]:
         xa, xb = la.get(name), lb.get(name)

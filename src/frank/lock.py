@@ -35,6 +35,9 @@ class LockedPart(Strict):
     inputs: dict[str, str]
     key: str  # hash of the part's build spec and inputs: keys its image layer
     spec: dict[str, Any]
+    # claims checked on fetched content when the lock was written (a URL patch's
+    # touches_compiled): claim -> what was found; left out of the file when empty
+    verified: dict[str, str] = {}
 
 
 class Lock(Strict):
@@ -93,7 +96,42 @@ def impure_steps(resolved: Resolved) -> list[str]:
     return out
 
 
-def build_lock(resolved: Resolved, python_closure: dict[str, str] | None = None) -> Lock:
+def verify_fetched(resolved: Resolved, previous: Lock | None) -> dict[str, dict[str, str]]:
+    """Check each URL patch's ``touches_compiled`` on the diff itself, fetched (store,
+    mirror, then the network) and verified by its sha256: the claim decides the engine's
+    install path, so a URL part is held to it exactly as a file part is. The verdict is a
+    function of the pinned bytes, so one the previous lock recorded for the same URL and
+    sha256 is reused without fetching again (the build checks the diff once more when it
+    applies it)."""
+    from frank.kinds.patch import Patch, touches_compiled
+
+    out: dict[str, dict[str, str]] = {}
+    for rp in resolved.parts:
+        part = rp.manifest.part
+        if not isinstance(part, Patch) or part.url is None or part.sha256 is None:
+            continue
+        claim = "true" if part.touches_compiled else "false"
+        verdict = f"{claim}: checked on the fetched diff (sha256 {part.sha256})"
+        old = previous.part(part.name) if previous is not None else None
+        if old is not None and old.inputs == rp.inputs \
+                and old.verified.get("touches_compiled") == verdict:
+            out[part.name] = {"touches_compiled": verdict}
+            continue
+        from frank.fetch import Fetcher, Pinned, mirror_dirs
+
+        path = Fetcher(mirrors=mirror_dirs()).fetch(Pinned(str(part.url), part.sha256))
+        actual = touches_compiled(path.read_text(encoding="utf-8", errors="replace"))
+        if actual != part.touches_compiled:
+            raise FrankError(
+                f"declared {part.touches_compiled} but the diff fetched from {part.url} "
+                f"{'touches' if actual else 'does not touch'} compiled code",
+                file=rp.manifest.path, field="touches_compiled")
+        out[part.name] = {"touches_compiled": verdict}
+    return out
+
+
+def build_lock(resolved: Resolved, python_closure: dict[str, str] | None = None,
+               verified: dict[str, dict[str, str]] | None = None) -> Lock:
     """The lock of a resolved stack (and of its Python closure, when it has one)."""
     parts = []
     digest_parts = []
@@ -104,7 +142,7 @@ def build_lock(resolved: Resolved, python_closure: dict[str, str] | None = None)
         parts.append(LockedPart(
             name=m.part.name, version=m.part.version, kind=m.part.kind, manifest=m.rel,
             manifest_sha256=m.sha256, inputs=rp.inputs, key=key,
-            spec=m.part.model_dump(mode="json"),
+            spec=m.part.model_dump(mode="json"), verified=(verified or {}).get(m.part.name, {}),
         ))
         digest_parts.append({"name": m.part.name, "key": key})
     body = {
@@ -129,8 +167,11 @@ def build_lock(resolved: Resolved, python_closure: dict[str, str] | None = None)
 
 def render_lock(lock: Lock) -> str:
     """Canonical text of a lock file."""
-    return json.dumps(lock.model_dump(mode="json"), indent=2, sort_keys=True,
-                      ensure_ascii=False) + "\n"
+    doc = lock.model_dump(mode="json")
+    for part in doc["parts"]:
+        if not part["verified"]:
+            del part["verified"]
+    return json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
 def write_lock(lock: Lock, path: Path) -> bool:

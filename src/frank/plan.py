@@ -194,8 +194,9 @@ def _source_build_run(engine: EngineBase, patches: list[str]) -> list[str]:
     return steps
 
 
-def closure_wheels(lock: Lock, root: Path) -> list[WheelRef]:
-    """The target's wheels from the lock's pylock, whose sha256 must be the locked one."""
+def closure_wheels(lock: Lock, root: Path, closure: bytes | None = None) -> list[WheelRef]:
+    """The target's wheels from the lock's pylock (or ``closure``, its text not yet
+    written), whose sha256 must be the locked one."""
     from frank.closure import ClosureRequest, select_wheels
 
     info = lock.python_closure
@@ -203,7 +204,7 @@ def closure_wheels(lock: Lock, root: Path) -> list[WheelRef]:
         return []
     path = root / info["file"]
     try:
-        raw = path.read_bytes()
+        raw = closure if closure is not None else path.read_bytes()
     except FileNotFoundError:
         raise FrankError("the lock names this Python closure but it is missing (run "
                          "`frank lock`)", file=path) from None
@@ -238,7 +239,8 @@ def _group_of(name: str) -> str:
     return "deps"
 
 
-def _hermetic_engine_layers(lock: Lock, root: Path, parts: Sequence[tuple[LockedPart, PartBase]]
+def _hermetic_engine_layers(lock: Lock, root: Path, parts: Sequence[tuple[LockedPart, PartBase]],
+                            closure: bytes | None = None
                             ) -> tuple[list[PlanLayer], dict[str, PlanLayer]]:
     """Layers of the Python closure: shared groups first, then one per owning part.
 
@@ -246,7 +248,7 @@ def _hermetic_engine_layers(lock: Lock, root: Path, parts: Sequence[tuple[Locked
     the layer holding the distributions that part owns (the engine's own wheel, a
     package part's wheel).
     """
-    wheels = closure_wheels(lock, root)
+    wheels = closure_wheels(lock, root, closure)
     owner: dict[str, str] = {}
     for locked, part in parts:
         ctx = PartContext(root=root, manifest=root / locked.manifest)
@@ -348,8 +350,9 @@ def _checks(parts: Sequence[tuple[LockedPart, PartBase]]) -> dict[str, list[list
             if part.check is not None}
 
 
-def build_plan(lock: Lock, root: Path) -> BuildPlan:
-    """The ordered layers and image config for a lock."""
+def build_plan(lock: Lock, root: Path, closure: bytes | None = None) -> BuildPlan:
+    """The ordered layers and image config for a lock (``closure``: its pylock's text, when
+    that is not yet written)."""
     path = engine_path(lock)
     parts = [(locked, PART_ADAPTER.validate_python(locked.spec)) for locked in lock.parts]
     hermetic = path is not None and path.strategy == "release-wheel" \
@@ -357,7 +360,7 @@ def build_plan(lock: Lock, root: Path) -> BuildPlan:
     layers: list[PlanLayer] = []
     owned: dict[str, PlanLayer] = {}
     if hermetic or (path is None and lock.python_closure is not None):
-        shared, owned = _hermetic_engine_layers(lock, root, parts)
+        shared, owned = _hermetic_engine_layers(lock, root, parts, closure)
         layers += shared
     source_patches: list[str] = []
     engine_layer: PlanLayer | None = None

@@ -230,7 +230,8 @@ class PartBase(Strict):
     conflicts: list[Slug] = []
     replaces: str | None = None
     revert: Revert
-    check: SmokeCheck | None = None
+    # left out of the spec when absent, so a part without a check keeps its key
+    check: SmokeCheck | None = Field(default=None, exclude_if=lambda v: v is None)
 
     @model_validator(mode="after")
     def _artifact_present_unless_shelved(self) -> PartBase:

