@@ -25,6 +25,20 @@ def field_changes(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, An
             for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)]
 
 
+def closure_changes(a: Lock, b: Lock, root: Path,
+                    closures: tuple[bytes | None, bytes | None] = (None, None)
+                    ) -> list[dict[str, Any]]:
+    """Distributions of the Python closure that one lock has and the other lacks, or has at
+    another version: what a package part's ``overrides`` and ``remove`` change, shown by
+    name (a small wheel shares a layer, so the layer list alone would hide it)."""
+    from frank.plan import closure_wheels
+
+    va = {w.name: w.version for w in closure_wheels(a, root, closures[0])}
+    vb = {w.name: w.version for w in closure_wheels(b, root, closures[1])}
+    return [{"distribution": n, "old": va.get(n), "new": vb.get(n)}
+            for n in sorted(va.keys() | vb.keys()) if va.get(n) != vb.get(n)]
+
+
 def diff_locks(a: Lock, b: Lock, root: Path,
                closures: tuple[bytes | None, bytes | None] = (None, None)) -> dict[str, Any]:
     """A structured diff of two locks, ready for a table or for JSON (``closures``: the
@@ -55,8 +69,9 @@ def diff_locks(a: Lock, b: Lock, root: Path,
         {"model": b.model, "target": b.target, "base_image": b.base_image,
          "command": b.command, "flags": b.flags, "env": b.env, "plugins": b.plugins},
     )
-    la = {x.name: x for x in build_plan(a, root, closures[0]).layers}
-    lb = {x.name: x for x in build_plan(b, root, closures[1]).layers}
+    pa_, pb_ = build_plan(a, root, closures[0]), build_plan(b, root, closures[1])
+    la = {x.name: x for x in pa_.layers}
+    lb = {x.name: x for x in pb_.layers}
     layers = []
     for name in [*la, *(n for n in lb if n not in la)]:
         xa, xb = la.get(name), lb.get(name)
@@ -69,6 +84,7 @@ def diff_locks(a: Lock, b: Lock, root: Path,
         layers.append({"layer": name, "state": state,
                        "old": xa.key if xa else None, "new": xb.key if xb else None})
     same = a.digest == b.digest
+    closure = closure_changes(a, b, root, closures)
     return {"a": {"stack": a.stack, "digest": a.digest}, "b": {"stack": b.stack,
             "digest": b.digest}, "same": same, "parts": parts, "config": config,
-            "layers": layers}
+            "closure": closure, "layers": layers}

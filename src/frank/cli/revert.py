@@ -84,6 +84,8 @@ def revert(part: str | None, stack_arg: str, why: str | None, undo: bool,
                    f"digest {done.old_lock.digest[:19]} -> {done.lock.digest[:19]}")
         for name, version in getattr(done, "dependents", []):
             click.echo(f"  {name} {version} {verb} taken back with it (it requires {part})")
+    for c in changes["closure"]:
+        click.echo(f"  closure {c['distribution']}: {c['old'] or '-'} -> {c['new'] or '-'}")
     for layer in changes["layers"]:
         if layer["state"] != "same":
             click.echo(f"  layer {layer['layer']}: {layer['state']}")

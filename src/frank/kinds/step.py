@@ -78,6 +78,9 @@ class Step(PartBase):
             raise ValueError(f"{sorted(both)[0]} is both an output and removed")
         if bool(self.archs) != bool(self.arch_env):
             raise ValueError("give archs and arch_env together")
+        clash = set(self.arch_env) & set(self.variables)
+        if clash:
+            raise ValueError(f"{sorted(clash)[0]} is set by both arch_env and variables")
         return self
 
     def inputs(self, ctx: PartContext) -> dict[str, str]:
@@ -94,8 +97,9 @@ class Step(PartBase):
         q = shlex.quote
         env = build_env(SourceBuild(archs=self.archs, arch_env=self.arch_env,
                                       variables=self.variables))
-        cd = f"cd {q(self.workdir or step_dir(self.name))} && "
-        run = [f"mkdir -p {q(step_dir(self.name))}",
+        workdir = self.workdir or step_dir(self.name)
+        cd = f"cd {q(workdir)} && "
+        run = [f"mkdir -p {q(workdir)}",
                f"{cd}{'env ' + ' '.join(env) + ' ' if env else ''}/bin/sh -c {q(self.run)}"]
         for path in self.outputs:
             why = q(f"frank: step {self.name} did not produce its output {path}")
