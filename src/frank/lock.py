@@ -9,6 +9,7 @@ file is canonical JSON with sorted keys: byte-identical on every run, clone and 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -96,13 +97,15 @@ def impure_steps(resolved: Resolved) -> list[str]:
     return out
 
 
-def verify_fetched(resolved: Resolved, previous: Lock | None) -> dict[str, dict[str, str]]:
+def verify_fetched(resolved: Resolved, previous: Lock | None,
+                   siblings: Callable[[], list[Lock]] = list) -> dict[str, dict[str, str]]:
     """Check each URL patch's ``touches_compiled`` on the diff itself, fetched (store,
     mirror, then the network) and verified by its sha256: the claim decides the engine's
     install path, so a URL part is held to it exactly as a file part is. The verdict is a
     function of the pinned bytes, so one the previous lock recorded for the same URL and
-    sha256 is reused without fetching again (the build checks the diff once more when it
-    applies it)."""
+    sha256 is reused without fetching again, as is one another lock of the repo recorded
+    (``siblings``, read only when needed: a new stack extending served); the build checks the
+    diff once more when it applies it."""
     from frank.kinds.patch import Patch, touches_compiled
 
     out: dict[str, dict[str, str]] = {}
@@ -112,14 +115,17 @@ def verify_fetched(resolved: Resolved, previous: Lock | None) -> dict[str, dict[
             continue
         claim = "true" if part.touches_compiled else "false"
         verdict = f"{claim}: checked on the fetched diff (sha256 {part.sha256})"
-        old = previous.part(part.name) if previous is not None else None
-        if old is not None and old.inputs == rp.inputs \
-                and old.verified.get("touches_compiled") == verdict:
+        if _recorded(previous, part.name, rp.inputs, verdict) or any(
+                _recorded(other, part.name, rp.inputs, verdict) for other in siblings()):
             out[part.name] = {"touches_compiled": verdict}
             continue
         from frank.fetch import Fetcher, Pinned, mirror_dirs
 
-        path = Fetcher(mirrors=mirror_dirs()).fetch(Pinned(str(part.url), part.sha256))
+        try:
+            path = Fetcher(mirrors=mirror_dirs()).fetch(Pinned(str(part.url), part.sha256))
+        except FrankError as exc:
+            raise FrankError(f"checking touches_compiled: {exc.message}",
+                             file=rp.manifest.path, field="url") from None
         actual = touches_compiled(path.read_text(encoding="utf-8", errors="replace"))
         if actual != part.touches_compiled:
             raise FrankError(
@@ -128,6 +134,12 @@ def verify_fetched(resolved: Resolved, previous: Lock | None) -> dict[str, dict[
                 file=rp.manifest.path, field="touches_compiled")
         out[part.name] = {"touches_compiled": verdict}
     return out
+
+
+def _recorded(lock: Lock | None, name: str, inputs: dict[str, str], verdict: str) -> bool:
+    old = lock.part(name) if lock is not None else None
+    return old is not None and old.inputs == inputs \
+        and old.verified.get("touches_compiled") == verdict
 
 
 def build_lock(resolved: Resolved, python_closure: dict[str, str] | None = None,

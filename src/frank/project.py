@@ -11,6 +11,7 @@ from frank.errors import FrankError
 from frank.fsutil import find_repo_root
 from frank.lock import Lock, build_lock, lock_path, read_lock, verify_fetched
 from frank.resolve import Resolved, resolve
+from frank.stackfiles import stack_files
 
 # How lock_stack treats the stack's Python closure (pylock.<stack>.toml):
 #   use      the pylock must be current (offline); a stale one is an error
@@ -77,7 +78,10 @@ def lock_resolved(resolved: Resolved, path: Path, root: Path, closure: ClosureMo
     being checked writes nothing real); the lock still names the real one."""
     from frank import closure as pyclosure
 
-    verified = verify_fetched(resolved, _previous_lock(lock_path(path)))
+    own = lock_path(path)
+    verified = verify_fetched(resolved, _previous_lock(own), lambda: [
+        lock for other in stack_files(root, ".lock") if other.resolve() != own.resolve()
+        if (lock := _previous_lock(other)) is not None])
     request = pyclosure.request_for(resolved)
     if request is None:
         return Locked(resolved=resolved, lock=build_lock(resolved, verified=verified),
