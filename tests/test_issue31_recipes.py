@@ -550,12 +550,18 @@ def test_new_cuda_sources_the_wheel_never_compiles_are_python_only() -> None:
     assert touches_compiled(cmake) is True  # ... unless the build is changed to compile it
 
 
-def url_patch(repo: Path, name: str, text: str, compiled: bool) -> str:
+def url_patch(repo: Path, name: str, text: str, compiled: bool, as_file: bool = False) -> str:
+    """A patch part of ``text``, fetched from a URL (or, ``as_file``, kept in the repo)."""
     sha = sha256_bytes(text.encode())
+    source = f'url = "https://patches.invalid/{name}.patch"'
+    if as_file:
+        (repo / "parts" / name).mkdir(parents=True, exist_ok=True)
+        (repo / "parts" / name / "fix.patch").write_text(text)
+        source = f'file = "parts/{name}/fix.patch"'
     part(repo, name, "1", f"""\
         kind = "patch"
         source_repo = "https://github.com/vllm-project/vllm"
-        url = "https://patches.invalid/{name}.patch"
+        {source}
         sha256 = "{sha}"
         applies_to = ["ee0da84ab9e04ac7610e28580af62c365e898389"]
         touches_compiled = {'true' if compiled else 'false'}
@@ -610,17 +616,7 @@ def test_url_patch_that_cannot_be_fetched_stops_lock(repo: Path, tmp_path: Path,
 def test_one_patch_under_two_names_is_refused(repo: Path, tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("fix-a", "fix-b"):
-        (repo / "parts" / name).mkdir(parents=True, exist_ok=True)
-        (repo / "parts" / name / "fix.patch").write_text(NEW_CU)
-        part(repo, name, "1", f"""\
-            kind = "patch"
-            source_repo = "https://github.com/vllm-project/vllm"
-            file = "parts/{name}/fix.patch"
-            sha256 = "{sha256_bytes(NEW_CU.encode())}"
-            applies_to = ["ee0da84ab9e04ac7610e28580af62c365e898389"]
-            touches_compiled = false
-            requires = ["vllm-base"]
-            """)
+        url_patch(repo, name, NEW_CU, compiled=False, as_file=True)
     child(repo, "twice", {"fix-a": "1", "fix-b": "1"})
     done = frank("lock", "stacks/twice.toml", cwd=repo)
     assert done.code == 2
