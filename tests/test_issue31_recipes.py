@@ -658,3 +658,71 @@ def test_recipe_sm120_composes_offline(tmp_path: Path) -> None:
     for line in dockerfile.splitlines():  # every generated RUN value is quoted or plain
         if "pip wheel" in line:
             assert shlex.split(line.split("&& ", 1)[1].removesuffix(" \\"))
+
+
+# --- item 4, built for real: a step in a container, only its output in its layer ----------
+
+GEN = """\
+mkdir -p /opt/frank/gen
+echo "$TORCH_CUDA_ARCH_LIST" > /opt/frank/gen/archs.txt
+echo scratch > /tmp/scratch-not-kept
+"""
+
+
+def layer_files(layout: Path) -> list[dict[str, bytes | None]]:
+    """Per image layer: path -> content (None for a folder) of every entry."""
+    import tarfile
+
+    index = json.loads((layout / "index.json").read_text())
+    blob = layout / "blobs" / "sha256"
+    manifest = json.loads((blob / index["manifests"][0]["digest"].split(":")[1]).read_text())
+    out = []
+    for entry in manifest["layers"]:
+        with tarfile.open(blob / entry["digest"].split(":")[1]) as tar:
+            files: dict[str, bytes | None] = {}
+            for member in tar.getmembers():
+                f = tar.extractfile(member) if member.isfile() else None
+                files[member.name] = f.read() if f is not None else None
+        out.append(files)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("shutil").which("buildah") is None, reason="buildah not installed")
+def test_a_step_builds_in_a_container_and_its_layer_holds_only_its_output(
+        repo: Path, tmp_path: Path) -> None:
+    (repo / "parts/gen-step/src").mkdir(parents=True)
+    (repo / "parts/gen-step/src/gen.sh").write_text(GEN)
+    part(repo, "gen-step", "1", """\
+        kind = "step"
+        run = "sh src/gen.sh"
+        outputs = ["/opt/frank/gen"]
+        archs = ["sm_120f"]
+        [[inputs]]
+        path = "parts/gen-step/src"
+        dest = "/opt/frank/steps/gen-step/src"
+        [arch_env]
+        TORCH_CUDA_ARCH_LIST = "torch"
+        """)
+    (repo / "stacks/smoke-step.toml").write_text(
+        'extends = "smoke-cpu.toml"\n[add]\ngen-step = "1"\n')
+    assert frank("lock", "stacks/smoke-step.toml", cwd=repo).code == 0
+    done = frank("compose", "stacks/smoke-step.toml", "--builder", "buildah", "--out",
+                 str(tmp_path / "out"), cwd=repo)
+    assert done.code == 0, done.err
+    layers = layer_files(tmp_path / "out/image")
+    with_output = [x for x in layers if "opt/frank/gen/archs.txt" in x]
+    assert len(with_output) == 1
+    assert with_output[0]["opt/frank/gen/archs.txt"] == b"12.0f\n"  # frank's spelling
+    assert all(not n.startswith(("opt/frank/gen", "./opt/frank/gen")) for n in
+               with_output[0] if n not in ("opt/frank/gen", "opt/frank/gen/archs.txt"))
+    everything = {n for x in layers for n in x}
+    assert not any("scratch-not-kept" in n or "opt/frank/steps" in n for n in everything)
+    # an output the command does not produce stops the build, in the step's own words
+    (repo / "parts/gen-step/src/gen.sh").write_text("true\n")
+    assert frank("lock", "stacks/smoke-step.toml", cwd=repo).code == 0
+    failed = frank("compose", "stacks/smoke-step.toml", "--builder", "buildah", "--out",
+                   str(tmp_path / "out2"), cwd=repo)
+    assert failed.code == 2
+    assert failed.err.startswith("frank: error: step gen-step did not produce its output "
+                                 "/opt/frank/gen: buildah build of ")
