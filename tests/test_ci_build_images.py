@@ -157,8 +157,16 @@ def test_stacks_over_the_closure_limit_are_reported_plan_only(built: tuple[Path,
     stacks = {p.stem for p in (root / "stacks").glob("*.toml")
               if not p.name.startswith("pylock.")}
     planned = stacks - {"smoke-cpu"}  # every stack with a Python closure
-    assert {"served", "candidate", "served-cpu"} <= planned
-    for stack in sorted(planned):
+    assert {"served", "candidate", "served-cpu", "recipe-sm120"} <= planned
+    # recipe-sm120 runs commands (a source build, a post-install step): said as such
+    rec = run.summary["recipe-sm120"]
+    assert rec["status"] == "plan-only", rec
+    assert "plan + context only (needs container engine and network: its plan runs " \
+           "commands" in rec["detail"]
+    assert "recipe-sm120: NOT BUILT: plan + context only" in run.err
+    assert "FROM frank-0 AS build-flashinfer-jit-cache" in (
+        root / "out/ci/recipe-sm120/compose/context/Dockerfile").read_text()
+    for stack in sorted(planned - {"recipe-sm120"}):
         rec = run.summary[stack]
         assert rec["status"] == "plan-only", rec
         assert "plan + context only (its Python closure is" in rec["detail"]

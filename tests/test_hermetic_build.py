@@ -239,7 +239,6 @@ def write_scratch_stack(repo: Path, wheels: Path) -> None:
         torch = "2.11.0"
         cuda = "13.0.2"
         cuda_arch_list = ["12.0"]
-        patches = ["fake-fix"]
         [wheel]
         path = "{engine}"
         sha256 = "{sha(engine)}"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from pathlib import Path
 
 from tests.spine_helpers import frank, snapshot
@@ -143,7 +145,9 @@ def test_revert_of_absent_part_is_an_error(repo: Path) -> None:
 def test_revert_that_breaks_a_requirement_writes_nothing(repo: Path) -> None:
     before = snapshot(repo)
     result = frank("revert", "exl3-runtime", cwd=repo)
-    assert result.code == 2 and "exl3-pack requires exl3-runtime" in result.err
+    assert result.code == 2
+    assert "exl3-runtime is required by exl3-pack (requires exl3-runtime)" in result.err
+    assert "--with-dependents" in result.err
     assert snapshot(repo) == before
 
 
@@ -169,9 +173,16 @@ def test_revert_relocks_stacks_that_extend_it(repo: Path) -> None:
 
 
 def test_compiled_patch_forces_a_source_build_in_the_right_place(repo: Path) -> None:
+    # a patch that really changes a compiled file (the claim is checked on the diff: the
+    # served URL patch's own diff is Python-only, so claiming true for it is refused)
+    diff = ("--- a/csrc/topk.cu\n+++ b/csrc/topk.cu\n@@ -1 +1 @@\n-int a;\n+int b;\n")
+    (repo / "parts/mhc-overlap/compiled.patch").write_text(diff)
     manifest = repo / "parts/mhc-overlap/moet-6cefd6fe.toml"
-    manifest.write_text(manifest.read_text().replace("touches_compiled = false",
-                                                     "touches_compiled = true"))
+    text = manifest.read_text().replace("touches_compiled = false", "touches_compiled = true")
+    text = re.sub(r'^url = .*$', 'file = "parts/mhc-overlap/compiled.patch"', text, flags=re.M)
+    text = re.sub(r'^sha256 = .*$', f'sha256 = "{hashlib.sha256(diff.encode()).hexdigest()}"',
+                  text, flags=re.M)
+    manifest.write_text(text)
     result = frank("compose", "stacks/candidate.toml", "--builder", "none", "--json", cwd=repo)
     assert result.code == 0, result.err
     plan = json.loads((Path(json.loads(result.out)["out"]) / "plan.json").read_text())

@@ -43,7 +43,7 @@ def choose_builder(plan: BuildPlan, requested: Builder) -> tuple[str, str]:
     """(builder, why) for the plan; a request the plan cannot honour is an error."""
     from frank.image.engines import detect
 
-    running = [layer.name for layer in plan.layers if layer.run]
+    running = [layer.name for layer in plan.layers if layer.run or layer.stage]
     if requested == "oci":
         if running:
             raise FrankError(f"the embedded builder cannot run commands, and {running[0]} "
@@ -276,6 +276,16 @@ def build_with_engine(plan: BuildPlan, root: Path, context: Path, out: Path,
                        layers_built=len(plan.layers), layers_reused=0)
 
 
+def _step_failure(log: Path) -> str | None:
+    """The line a builder stage's own check wrote (an output a step did not produce, a file
+    it removes that is not there), if the failed build's log has one."""
+    if not log.is_file():
+        return None
+    lines = [x.strip() for x in log.read_text(encoding="utf-8", errors="replace").splitlines()
+             if x.startswith("frank: step ")]
+    return lines[-1].removeprefix("frank: ") if lines else None
+
+
 def build(plan: BuildPlan, root: Path, out_dir: Path, requested: Builder, *,
           mirrors: tuple[Path, ...] = (), quiet: bool = False) -> BuildResult:
     """Build the plan's image into ``out_dir/image`` with the chosen builder.
@@ -294,6 +304,9 @@ def build(plan: BuildPlan, root: Path, out_dir: Path, requested: Builder, *,
         else:
             result = build_with_engine(plan, root, out_dir / "context", layout, name, mirrors)
     except FrankError as exc:
+        said = _step_failure(log)
+        if said is not None:  # a step's own words first (the command line quotes them too)
+            exc.message = f"{said}: {exc.message}"
         kept = final_path(out_dir) / "build.log"
         if log.is_file() and kept != log:
             kept.parent.mkdir(parents=True, exist_ok=True)

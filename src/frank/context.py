@@ -133,6 +133,25 @@ def _layer_steps(layer: PlanLayer, staged: set[int], pip: bool = True) -> list[s
     return lines
 
 
+def _stage_lines(layer: PlanLayer, staged: set[int], current: str, n: int) -> list[str]:
+    """A builder stage on ``current`` (the image so far), then the next stage of the final
+    chain (``frank-<n>``) taking only the stage's outputs, then its ``then`` steps."""
+    stage = layer.stage
+    assert stage is not None
+    lines = ["# " + comment(f"layer {layer.index}: {layer.name} (key {layer.key[:16]}): "
+                            f"{layer.why}"),
+             f"FROM {current} AS {stage.name}"]
+    if layer.index in staged or host_built(layer):  # the stage's inputs, not the image's
+        lines.append(f"COPY {plain(f'layers/{layer_dir(layer)}/rootfs/')} /")
+    lines.append(run_instruction(stage.run))
+    lines.append(f"FROM {current} AS frank-{n}")
+    for out in stage.outputs:
+        lines.append(f"COPY --from={stage.name} {plain(out)} {plain(out)}")
+    if stage.then:
+        lines.append(run_instruction(stage.then))
+    return lines
+
+
 def template_text(root: Path) -> str:
     """The repo's ``images/Dockerfile.tmpl``, or frank's own when the repo has none."""
     own = root / "images" / "Dockerfile.tmpl"
@@ -161,12 +180,25 @@ def render_dockerfile(plan: BuildPlan, staged: set[int], template: str) -> str:
     base = plan.base_image.get("ref", f"frank-base/{plan.base_image['name']}")
     # a kernel built in the image gets a stage of its own; one frank compiled on the host
     # is a layer like any other
-    first_kernel = next((x.index for x in plan.layers if x.kind == "kernel"
-                         and not host_built(x)), None)
-    engine_part, kernel_stages, final_part = [], [], []
+    first_kernel = next((x.index for x in plan.layers if (x.kind == "kernel"
+                         and not host_built(x)) or x.stage is not None), None)
+    engine_part: list[str] = []
+    kernel_stages: list[str] = []
+    final_part: list[str] = []
+    # builder stages (a source-built wheel, a post-install step) each start from the image
+    # as built so far, so the final chain is named: frank-0, frank-1, ... (the template's
+    # own `FROM engine` stage is then left empty)
+    chained = any(x.stage is not None for x in plan.layers)
+    current = "frank-0"
+    if chained:
+        final_part += ["FROM engine AS frank-0", ""]
     for layer in plan.layers:
         if first_kernel is None or layer.index < first_kernel:
             engine_part += [*_layer_steps(layer, staged), ""]
+        elif layer.stage is not None:
+            n = int(current.removeprefix("frank-")) + 1
+            final_part += [*_stage_lines(layer, staged, current, n), ""]
+            current = f"frank-{n}"
         elif layer.kind == "kernel" and not host_built(layer):
             stage = f"kernel-{layer.part}"
             kernel_stages += [f"FROM engine AS {stage}", *_layer_steps(layer, staged, pip=False),
@@ -189,6 +221,10 @@ def render_dockerfile(plan: BuildPlan, staged: set[int], template: str) -> str:
         f"{dockerfile_word(k)}={dockerfile_word(v)}" for k, v in labels.items()))
     config.append(f"ENTRYPOINT {json.dumps(plan.config.entrypoint)}")
     config.append(f"CMD {json.dumps(plan.config.cmd)}")
+    for part, commands in plan.checks.items():
+        config.append("# " + comment(f"check of {part} (run by frank-launch before the engine "
+                                     f"starts, and by frank-launch --check): "
+                                     f"{'; '.join(shlex.join(c) for c in commands)}"))
     engine_path = (f"{plan.engine.strategy}: {plan.engine.why}" if plan.engine
                    else "none (no engine part)")
     return Template(template).substitute(

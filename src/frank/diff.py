@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from frank.lock import Lock
-from frank.plan import build_plan
+from frank.plan import BuildPlan, build_plan, closure_wheels
 
 
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -25,8 +25,32 @@ def field_changes(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, An
             for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)]
 
 
-def diff_locks(a: Lock, b: Lock, root: Path) -> dict[str, Any]:
-    """A structured diff of two locks, ready for a table or for JSON."""
+def _versions(lock: Lock, plan: BuildPlan, root: Path, closure: bytes | None
+              ) -> dict[str, str]:
+    """name -> version of the lock's Python closure: from the plan's wheel layers when it
+    installs them (no second read of the pylock), else from the pylock itself."""
+    wheels = [w for layer in plan.layers for w in layer.wheels]
+    if not wheels and lock.python_closure is not None:
+        wheels = closure_wheels(lock, root, closure)
+    return {w.name: w.version for w in wheels}
+
+
+def closure_changes(a: Lock, b: Lock, plans: tuple[BuildPlan, BuildPlan], root: Path,
+                    closures: tuple[bytes | None, bytes | None] = (None, None)
+                    ) -> list[dict[str, Any]]:
+    """Distributions of the Python closure that one lock has and the other lacks, or has at
+    another version: what a package part's ``overrides`` and ``remove`` change, shown by
+    name (a small wheel shares a layer, so the layer list alone would hide it)."""
+    va = _versions(a, plans[0], root, closures[0])
+    vb = _versions(b, plans[1], root, closures[1])
+    return [{"distribution": n, "old": va.get(n), "new": vb.get(n)}
+            for n in sorted(va.keys() | vb.keys()) if va.get(n) != vb.get(n)]
+
+
+def diff_locks(a: Lock, b: Lock, root: Path,
+               closures: tuple[bytes | None, bytes | None] = (None, None)) -> dict[str, Any]:
+    """A structured diff of two locks, ready for a table or for JSON (``closures``: the
+    pylock texts of a and b where they are not the files the locks name)."""
     parts: list[dict[str, Any]] = []
     names = sorted({p.name for p in a.parts} | {p.name for p in b.parts})
     for name in names:
@@ -53,8 +77,9 @@ def diff_locks(a: Lock, b: Lock, root: Path) -> dict[str, Any]:
         {"model": b.model, "target": b.target, "base_image": b.base_image,
          "command": b.command, "flags": b.flags, "env": b.env, "plugins": b.plugins},
     )
-    la = {x.name: x for x in build_plan(a, root).layers}
-    lb = {x.name: x for x in build_plan(b, root).layers}
+    pa_, pb_ = build_plan(a, root, closures[0]), build_plan(b, root, closures[1])
+    la = {x.name: x for x in pa_.layers}
+    lb = {x.name: x for x in pb_.layers}
     layers = []
     for name in [*la, *(n for n in lb if n not in la)]:
         xa, xb = la.get(name), lb.get(name)
@@ -67,6 +92,7 @@ def diff_locks(a: Lock, b: Lock, root: Path) -> dict[str, Any]:
         layers.append({"layer": name, "state": state,
                        "old": xa.key if xa else None, "new": xb.key if xb else None})
     same = a.digest == b.digest
+    closure = closure_changes(a, b, (pa_, pb_), root, closures)
     return {"a": {"stack": a.stack, "digest": a.digest}, "b": {"stack": b.stack,
             "digest": b.digest}, "same": same, "parts": parts, "config": config,
-            "layers": layers}
+            "closure": closure, "layers": layers}

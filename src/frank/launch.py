@@ -223,6 +223,41 @@ def check_engine(cmd: list[str], env: dict[str, str]) -> None:
                                 "first on PATH")
 
 
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def smoke_checks(lock: dict[str, Any]) -> list[tuple[str, str]]:
+    """(part, module) for every import check the lock's parts declare, in lock order."""
+    out = []
+    for part in lock["parts"]:
+        for module in ((part["spec"].get("check") or {}).get("imports") or []):
+            if not isinstance(module, str) or not _MODULE.fullmatch(module):
+                raise LaunchError(f"check of {part['name']}: {module!r} is not a module name")
+            out.append((str(part["name"]), module))
+    return out
+
+
+def run_checks(lock: dict[str, Any], env: dict[str, str]) -> int:
+    """Import each declared module in the engine's Python, one process per module, so a
+    failure names its part and module; returns how many passed (raises on the first
+    failure, before any weights are fetched)."""
+    checks = smoke_checks(lock)
+    if not checks:
+        return 0
+    python = shutil.which("python3", path=env.get("PATH", os.defpath))
+    if python is None:
+        raise LaunchError("the parts declare import checks and python3 is not on PATH")
+    for part, module in checks:
+        proc = subprocess.run([python, "-c", f"import {module}"], env=env, capture_output=True,
+                              text=True, check=False)
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+            raise LaunchError(f"check of {part}: import {module} failed: {last}")
+    print(f"frank: checks passed: {len(checks)} imports "
+          f"({', '.join(m for _, m in checks)})", file=sys.stderr, flush=True)
+    return len(checks)
+
+
 def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float) -> bool:
     """Poll the health endpoint until it answers 200, the engine exits, or time runs out."""
     deadline = time.monotonic() + timeout
@@ -250,6 +285,7 @@ def run(lock: dict[str, Any], *, print_only: bool, cache_dir: str | None, ready_
     env = engine_env(lock, dict(os.environ))
     if not print_only:
         check_engine(engine_command(lock, "MODEL"), env)
+        run_checks(lock, env)
     if model_override is not None or spec is None:
         model = model_override or lock["model"]["name"]
     elif print_only:
@@ -292,9 +328,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="hub cache (default: HF_HUB_CACHE or HF_HOME of the stack's env "
                              "over this environment)")
     parser.add_argument("--ready-timeout", type=float, default=600.0)
+    parser.add_argument("--check", action="store_true",
+                        help="run the parts' import checks and exit (0 when all pass)")
     args = parser.parse_args(argv)
     try:
         lock = json.loads(Path(args.lock).read_text(encoding="utf-8"))
+        if args.check:
+            run_checks(lock, engine_env(lock, dict(os.environ)))
+            return 0
         return run(lock, print_only=args.print_only, cache_dir=args.cache_dir,
                    ready_timeout=args.ready_timeout)
     except (LaunchError, OSError, json.JSONDecodeError) as exc:

@@ -9,6 +9,7 @@ file is canonical JSON with sorted keys: byte-identical on every run, clone and 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,9 @@ class LockedPart(Strict):
     inputs: dict[str, str]
     key: str  # hash of the part's build spec and inputs: keys its image layer
     spec: dict[str, Any]
+    # claims checked on fetched content when the lock was written (a URL patch's
+    # touches_compiled): claim -> what was found; left out of the file when empty
+    verified: dict[str, str] = {}
 
 
 class Lock(Strict):
@@ -72,6 +76,7 @@ def impure_steps(resolved: Resolved) -> list[str]:
     from frank.kinds.engine import EngineBase
     from frank.kinds.package import Package
     from frank.kinds.patch import Patch
+    from frank.kinds.step import Step
 
     parts = [rp.manifest.part for rp in resolved.parts]
     compiled = [p.name for p in parts if isinstance(p, Patch) and p.touches_compiled]
@@ -84,11 +89,61 @@ def impure_steps(resolved: Resolved) -> list[str]:
             elif part.wheel is None:
                 out.append(f"engine:{part.name}: vLLM's precompiled path (no release wheel)")
         if isinstance(part, Package) and part.git is not None:
-            out.append(f"package:{part.name}: wheel built from git inside the image")
+            out.append(f"package:{part.name}: wheel built from git {part.git.repo} at "
+                       f"{part.git.commit} in a builder stage (a container engine)")
+        if isinstance(part, Step):
+            out.append(f"step:{part.name}: runs in a container on the image below; its "
+                       f"outputs {', '.join(part.outputs)} are the layer")
     return out
 
 
-def build_lock(resolved: Resolved, python_closure: dict[str, str] | None = None) -> Lock:
+def verify_fetched(resolved: Resolved, previous: Lock | None,
+                   siblings: Callable[[], list[Lock]] = list) -> dict[str, dict[str, str]]:
+    """Check each URL patch's ``touches_compiled`` on the diff itself, fetched (store,
+    mirror, then the network) and verified by its sha256: the claim decides the engine's
+    install path, so a URL part is held to it exactly as a file part is. The verdict is a
+    function of the pinned bytes, so one the previous lock recorded for the same URL and
+    sha256 is reused without fetching again, as is one another lock of the repo recorded
+    (``siblings``, read only when needed: a new stack extending served); the build checks the
+    diff once more when it applies it."""
+    from frank.kinds.patch import Patch, touches_compiled
+
+    out: dict[str, dict[str, str]] = {}
+    for rp in resolved.parts:
+        part = rp.manifest.part
+        if not isinstance(part, Patch) or part.url is None or part.sha256 is None:
+            continue
+        claim = "true" if part.touches_compiled else "false"
+        verdict = f"{claim}: checked on the fetched diff (sha256 {part.sha256})"
+        if _recorded(previous, part.name, rp.inputs, verdict) or any(
+                _recorded(other, part.name, rp.inputs, verdict) for other in siblings()):
+            out[part.name] = {"touches_compiled": verdict}
+            continue
+        from frank.fetch import Fetcher, Pinned, mirror_dirs
+
+        try:
+            path = Fetcher(mirrors=mirror_dirs()).fetch(Pinned(str(part.url), part.sha256))
+        except FrankError as exc:
+            raise FrankError(f"checking touches_compiled: {exc.message}",
+                             file=rp.manifest.path, field="url") from None
+        actual = touches_compiled(path.read_text(encoding="utf-8", errors="replace"))
+        if actual != part.touches_compiled:
+            raise FrankError(
+                f"declared {part.touches_compiled} but the diff fetched from {part.url} "
+                f"{'touches' if actual else 'does not touch'} compiled code",
+                file=rp.manifest.path, field="touches_compiled")
+        out[part.name] = {"touches_compiled": verdict}
+    return out
+
+
+def _recorded(lock: Lock | None, name: str, inputs: dict[str, str], verdict: str) -> bool:
+    old = lock.part(name) if lock is not None else None
+    return old is not None and old.inputs == inputs \
+        and old.verified.get("touches_compiled") == verdict
+
+
+def build_lock(resolved: Resolved, python_closure: dict[str, str] | None = None,
+               verified: dict[str, dict[str, str]] | None = None) -> Lock:
     """The lock of a resolved stack (and of its Python closure, when it has one)."""
     parts = []
     digest_parts = []
@@ -99,7 +154,7 @@ def build_lock(resolved: Resolved, python_closure: dict[str, str] | None = None)
         parts.append(LockedPart(
             name=m.part.name, version=m.part.version, kind=m.part.kind, manifest=m.rel,
             manifest_sha256=m.sha256, inputs=rp.inputs, key=key,
-            spec=m.part.model_dump(mode="json"),
+            spec=m.part.model_dump(mode="json"), verified=(verified or {}).get(m.part.name, {}),
         ))
         digest_parts.append({"name": m.part.name, "key": key})
     body = {
@@ -124,8 +179,11 @@ def build_lock(resolved: Resolved, python_closure: dict[str, str] | None = None)
 
 def render_lock(lock: Lock) -> str:
     """Canonical text of a lock file."""
-    return json.dumps(lock.model_dump(mode="json"), indent=2, sort_keys=True,
-                      ensure_ascii=False) + "\n"
+    doc = lock.model_dump(mode="json")
+    for part in doc["parts"]:
+        if not part["verified"]:
+            del part["verified"]
+    return json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
 def write_lock(lock: Lock, path: Path) -> bool:

@@ -20,7 +20,7 @@ from frank.errors import FrankError
 from frank.hashing import sha256_bytes, sha256_json
 from frank.kinds import PART_ADAPTER
 from frank.kinds.base import PartBase, PartContext, Strict
-from frank.kinds.engine import EngineBase
+from frank.kinds.engine import EngineBase, torch_arch_list
 from frank.kinds.kernel import Kernel
 from frank.kinds.package import Package
 from frank.kinds.patch import Patch
@@ -85,6 +85,16 @@ class PatchStep(Strict):
     declared_compiled: bool
 
 
+class StageStep(Strict):
+    """A builder stage: commands run on the image as built so far (in a container); only
+    ``outputs`` are copied into this layer, then ``then`` runs in the image."""
+
+    name: str  # the Dockerfile stage name
+    run: list[str]
+    outputs: list[str]
+    then: list[str] = []
+
+
 class PlanLayer(Strict):
     """One image layer and everything that keys it."""
 
@@ -107,6 +117,7 @@ class PlanLayer(Strict):
     kernel: dict[str, Any] | None = None  # a kernel part's spec, compiled on the host
     manifest: str | None = None  # the part's manifest, repo-relative (errors name it)
     impure: bool = False  # runs commands inside the image (a container engine), see `run`
+    stage: StageStep | None = None  # built in a builder stage, its outputs copied in
 
 
 class EnginePath(Strict):
@@ -138,15 +149,19 @@ class BuildPlan(Strict):
     config: ImageConfig
     site_packages: str = SITE_PACKAGES
 
+    # import smoke checks per part (argv lists), run by the launcher before the engine
+    checks: dict[str, list[list[str]]] = {}
+
     @property
     def needs_run(self) -> bool:
         """Whether some layer must run commands inside the image (needs a container build)."""
-        return any(layer.run for layer in self.layers)
+        return any(layer.run or layer.stage for layer in self.layers)
 
     @property
     def impure(self) -> list[str]:
         """The layers that run a command inside the image (recorded, never silent)."""
-        return [layer.name for layer in self.layers if layer.impure or layer.run]
+        return [layer.name for layer in self.layers if layer.impure or layer.run
+                or layer.stage]
 
 
 def engine_path(lock: Lock) -> EnginePath | None:
@@ -169,7 +184,7 @@ def engine_path(lock: Lock) -> EnginePath | None:
 
 
 def _source_build_run(engine: EngineBase, patches: list[str]) -> list[str]:
-    archs = ";".join(engine.cuda_arch_list)
+    archs = torch_arch_list(engine.cuda_arch_list)
     steps = [
         f"git clone --filter=blob:none {engine.repo} /opt/frank/vllm-src",
         f"git -C /opt/frank/vllm-src checkout --detach {engine.commit}",
@@ -179,8 +194,9 @@ def _source_build_run(engine: EngineBase, patches: list[str]) -> list[str]:
     return steps
 
 
-def closure_wheels(lock: Lock, root: Path) -> list[WheelRef]:
-    """The target's wheels from the lock's pylock, whose sha256 must be the locked one."""
+def closure_wheels(lock: Lock, root: Path, closure: bytes | None = None) -> list[WheelRef]:
+    """The target's wheels from the lock's pylock (or ``closure``, its text not yet
+    written), whose sha256 must be the locked one."""
     from frank.closure import ClosureRequest, select_wheels
 
     info = lock.python_closure
@@ -188,7 +204,7 @@ def closure_wheels(lock: Lock, root: Path) -> list[WheelRef]:
         return []
     path = root / info["file"]
     try:
-        raw = path.read_bytes()
+        raw = closure if closure is not None else path.read_bytes()
     except FileNotFoundError:
         raise FrankError("the lock names this Python closure but it is missing (run "
                          "`frank lock`)", file=path) from None
@@ -223,7 +239,8 @@ def _group_of(name: str) -> str:
     return "deps"
 
 
-def _hermetic_engine_layers(lock: Lock, root: Path, parts: Sequence[tuple[LockedPart, PartBase]]
+def _hermetic_engine_layers(lock: Lock, root: Path, parts: Sequence[tuple[LockedPart, PartBase]],
+                            closure: bytes | None = None
                             ) -> tuple[list[PlanLayer], dict[str, PlanLayer]]:
     """Layers of the Python closure: shared groups first, then one per owning part.
 
@@ -231,7 +248,7 @@ def _hermetic_engine_layers(lock: Lock, root: Path, parts: Sequence[tuple[Locked
     the layer holding the distributions that part owns (the engine's own wheel, a
     package part's wheel).
     """
-    wheels = closure_wheels(lock, root)
+    wheels = closure_wheels(lock, root, closure)
     owner: dict[str, str] = {}
     for locked, part in parts:
         ctx = PartContext(root=root, manifest=root / locked.manifest)
@@ -291,8 +308,13 @@ def _part_layer(locked: LockedPart, part: PartBase, root: Path) -> PlanLayer | N
     kernel = locked.spec if isinstance(part, Kernel) else None
     run = [] if (build_wheels or kernel) else list(contribution.run)
     pip = [] if (build_wheels or kernel) else list(contribution.pip_install)
+    stage = None
+    if contribution.stage is not None:
+        stage = StageStep(name=f"build-{locked.name}", run=list(contribution.stage.run),
+                          outputs=list(contribution.stage.outputs),
+                          then=list(contribution.stage.then))
     if not (contribution.files or contribution.generated or pip or run or build_wheels
-            or kernel):
+            or kernel or stage):
         return None
     # The part's key, and how frank turns it into a layer: a change to either is a
     # different layer, so a cached layer is never reused for other content.
@@ -300,6 +322,7 @@ def _part_layer(locked: LockedPart, part: PartBase, root: Path) -> PlanLayer | N
                                                      contribution.files],
                        "generated": contribution.generated, "run": run, "pip_install": pip,
                        "build_wheels": build_wheels, "kernel": kernel,
+                       "stage": stage.model_dump() if stage else None,
                        "format": INSTALL_FORMAT, "site": SITE_PACKAGES})
     return PlanLayer(
         index=0, name=f"{locked.kind}:{locked.name}", part=locked.name,
@@ -307,11 +330,29 @@ def _part_layer(locked: LockedPart, part: PartBase, root: Path) -> PlanLayer | N
         files=[CopyStep(src=f.src, dest=f.dest) for f in contribution.files],
         generated=[GeneratedFile(dest=d, text=t) for d, t in contribution.generated],
         pip_install=pip, run=run, why=contribution.why, build_wheels=build_wheels,
-        kernel=kernel, manifest=locked.manifest, impure=bool(run))
+        kernel=kernel, manifest=locked.manifest, impure=bool(run or stage), stage=stage)
 
 
-def build_plan(lock: Lock, root: Path) -> BuildPlan:
-    """The ordered layers and image config for a lock."""
+def _key_stages_on_below(layers: list[PlanLayer]) -> list[PlanLayer]:
+    """A builder stage runs on the image below it, so its layer's key covers every layer
+    below as well as its own inputs: the same inputs on another image are another build."""
+    out: list[PlanLayer] = []
+    for layer in layers:
+        if layer.stage is not None:
+            layer = layer.model_copy(update={"key": sha256_json(
+                {"own": layer.key, "below": [x.key for x in out]})})
+        out.append(layer)
+    return out
+
+
+def _checks(parts: Sequence[tuple[LockedPart, PartBase]]) -> dict[str, list[list[str]]]:
+    return {locked.name: part.check.commands() for locked, part in parts
+            if part.check is not None}
+
+
+def build_plan(lock: Lock, root: Path, closure: bytes | None = None) -> BuildPlan:
+    """The ordered layers and image config for a lock (``closure``: its pylock's text, when
+    that is not yet written)."""
     path = engine_path(lock)
     parts = [(locked, PART_ADAPTER.validate_python(locked.spec)) for locked in lock.parts]
     hermetic = path is not None and path.strategy == "release-wheel" \
@@ -319,7 +360,7 @@ def build_plan(lock: Lock, root: Path) -> BuildPlan:
     layers: list[PlanLayer] = []
     owned: dict[str, PlanLayer] = {}
     if hermetic or (path is None and lock.python_closure is not None):
-        shared, owned = _hermetic_engine_layers(lock, root, parts)
+        shared, owned = _hermetic_engine_layers(lock, root, parts, closure)
         layers += shared
     source_patches: list[str] = []
     engine_layer: PlanLayer | None = None
@@ -333,7 +374,8 @@ def build_plan(lock: Lock, root: Path) -> BuildPlan:
             assert engine_layer is not None
             layers.append(_patch_layer(locked, part, engine_layer))
             continue
-        if hermetic and isinstance(part, (EngineBase, Package)):
+        if hermetic and (isinstance(part, EngineBase)
+                         or (isinstance(part, Package) and part.git is None)):
             continue  # nothing of its own in the closure (overrides/removals only)
         layer = _part_layer(locked, part, root)
         if layer is None:
@@ -357,6 +399,7 @@ def build_plan(lock: Lock, root: Path) -> BuildPlan:
             index=0, name=f"engine:{engine.name}", part=engine.name, kind="engine",
             key=sha256_json({"run": run, "engine": engine_lock.key}), inputs=engine_lock.inputs,
             files=[], generated=[], pip_install=[], run=run, why=path.why, impure=True))
+    layers = _key_stages_on_below(layers)
     layers = [x.model_copy(update={"index": i}) for i, x in enumerate(layers, 1)]
     launcher_text = LAUNCHER_SOURCE.read_text(encoding="utf-8")
     launcher_hash = sha256_bytes(launcher_text.encode())
@@ -385,7 +428,7 @@ def build_plan(lock: Lock, root: Path) -> BuildPlan:
     return BuildPlan(
         plan_version=PLAN_VERSION, stack=lock.stack, lock_digest=lock.digest,
         source_date_epoch=SOURCE_DATE_EPOCH, base_image=lock.base_image, engine=path,
-        layers=layers,
+        layers=layers, checks=_checks(parts),
         config=ImageConfig(env=dict(sorted(env.items())),
                            entrypoint=["python3", LAUNCHER_IN_IMAGE, "--lock", LOCK_IN_IMAGE],
                            cmd=[], labels=labels),

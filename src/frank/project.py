@@ -9,8 +9,9 @@ from typing import Literal
 from frank.catalog import Catalog
 from frank.errors import FrankError
 from frank.fsutil import find_repo_root
-from frank.lock import Lock, build_lock, lock_path, read_lock
+from frank.lock import Lock, build_lock, lock_path, read_lock, verify_fetched
 from frank.resolve import Resolved, resolve
+from frank.stackfiles import stack_files
 
 # How lock_stack treats the stack's Python closure (pylock.<stack>.toml):
 #   use      the pylock must be current (offline); a stale one is an error
@@ -58,17 +59,35 @@ def lock_stack(arg: str, catalog: Catalog | None = None, closure: ClosureMode = 
     return lock_resolved(resolve(path, root, catalog), path, root, closure)
 
 
-def lock_resolved(resolved: Resolved, path: Path, root: Path, closure: ClosureMode = "use"
-                  ) -> Locked:
+def _previous_lock(path: Path) -> Lock | None:
+    """The lock file as it is, when it reads (its recorded checks may be reused)."""
+    if not path.is_file():
+        return None
+    try:
+        return read_lock(path)
+    except FrankError:
+        return None
+
+
+def lock_resolved(resolved: Resolved, path: Path, root: Path, closure: ClosureMode = "use",
+                  closure_out: Path | None = None) -> Locked:
     """Lock a resolved stack as the stack file ``path``, whose Python closure lives beside
     it. The resolution may come from a staged copy of that file (an edit being checked
-    before it is written): the closure and the lock file are still the real stack's."""
+    before it is written): the closure and the lock file are still the real stack's.
+    ``closure_out`` is a copy of the real pylock to read and re-resolve instead (an edit
+    being checked writes nothing real); the lock still names the real one."""
     from frank import closure as pyclosure
 
+    own = lock_path(path)
+    verified = verify_fetched(resolved, _previous_lock(own), lambda: [
+        lock for other in stack_files(root, ".lock") if other.resolve() != own.resolve()
+        if (lock := _previous_lock(other)) is not None])
     request = pyclosure.request_for(resolved)
     if request is None:
-        return Locked(resolved=resolved, lock=build_lock(resolved), lock_file=lock_path(path))
-    pylock = pyclosure.pylock_path(path)
+        return Locked(resolved=resolved, lock=build_lock(resolved, verified=verified),
+                      lock_file=lock_path(path))
+    real = pyclosure.pylock_path(path)
+    pylock = closure_out or real
     fresh = closure != "upgrade" and pyclosure.current(request, pylock)
     stale = resolved_now = False
     if not fresh:
@@ -84,10 +103,12 @@ def lock_resolved(resolved: Resolved, path: Path, root: Path, closure: ClosureMo
         else:
             raise FrankError("the Python closure is stale or missing for this stack "
                              "(run `frank lock`)", file=pylock)
-    info = {"file": pylock.relative_to(root).as_posix() if pylock.is_relative_to(root)
-            else str(pylock), "request": request.digest(),
+    named = real if pylock == closure_out else pylock
+    info = {"file": named.relative_to(root).as_posix() if named.is_relative_to(root)
+            else str(named), "request": request.digest(),
             "sha256": pyclosure.file_digest(pylock) if pylock.is_file() else "missing"}
-    return Locked(resolved=resolved, lock=build_lock(resolved, info), lock_file=lock_path(path),
+    return Locked(resolved=resolved, lock=build_lock(resolved, info, verified),
+                  lock_file=lock_path(path),
                   closure_file=pylock, closure_stale=stale, closure_resolved=resolved_now)
 
 

@@ -117,6 +117,7 @@ def resolve(stack_path: Path, root: Path, catalog: Catalog | None = None) -> Res
         ctx = PartContext(root=root, manifest=m.path)
         parts.append(ResolvedPart(manifest=m, inputs=m.part.inputs(ctx)))
     parts.sort(key=lambda rp: (type(rp.manifest.part).layer_rank, rp.name))
+    _refuse_duplicate_patches(stack, parts)
 
     flags, env = _merge_config(stack, parts)
     plugins = sorted({p for rp in parts for p in rp.manifest.part.plugin_names()})
@@ -153,12 +154,6 @@ def _check_relations(stack: Stack, manifests: dict[str, Manifest]) -> None:
         a, b = engines[0].part.name, engines[1].part.name
         raise FrankError(f"two engine bases: {a} and {b}", file=stack.path, field="parts")
     for m in manifests.values():
-        if isinstance(m.part, EngineBase):
-            for patch in m.part.patches:
-                if patch not in manifests:
-                    raise FrankError(f"{m.part.name} carries patch {patch}, which the stack "
-                                     f"lacks (declared in {m.rel})", file=stack.path,
-                                     field=where(m.part.name)[1])
         if isinstance(m.part, Patch) and engines:
             engine = engines[0].part
             assert isinstance(engine, EngineBase)
@@ -167,6 +162,24 @@ def _check_relations(stack: Stack, manifests: dict[str, Manifest]) -> None:
                     f"{m.part.name} applies to {', '.join(c[:19] for c in m.part.applies_to)}"
                     f" but {engine.name} is {', '.join(c[:19] for c in engine.applies_ids())}",
                     file=where(m.part.name)[0], field=where(m.part.name)[1])
+
+
+def _refuse_duplicate_patches(stack: Stack, parts: list[ResolvedPart]) -> None:
+    """The same diff under two part names would be applied twice (the second fails, or
+    forces a source build): an error naming both parts."""
+    seen: dict[str, str] = {}
+    for rp in parts:
+        part = rp.manifest.part
+        if not isinstance(part, Patch):
+            continue
+        sha = part.sha256 if part.file is None else rp.inputs.get(part.file, part.sha256)
+        if sha is None:
+            continue
+        if sha in seen:
+            file, field = stack.origin[part.name]
+            raise FrankError(f"{seen[sha]} and {part.name} carry the same patch (sha256 "
+                             f"{sha[:16]}...): keep one of them", file=file, field=field)
+        seen[sha] = part.name
 
 
 def _merge_config(stack: Stack, parts: list[ResolvedPart]

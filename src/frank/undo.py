@@ -35,6 +35,7 @@ class UndoResult:
     old_text: str
     lock: Lock
     old_lock: Lock
+    closure: bytes | None = None  # the Python closure's text the new lock names
 
 
 def read_history(stack_file: Path) -> list[dict[str, Any]]:
@@ -91,14 +92,14 @@ def plan_undo(stack_file: Path, root: Path) -> UndoResult:
                          f"{str(entry.get('digest_after'))[:19]}); undo it by hand",
                          file=stack_file)
     text = entry["text_before"]
-    lock = lock_text(stack_file, text, root, catalog, "undo")
+    lock, closure = lock_text(stack_file, text, root, catalog, "undo")
     lock = lock.model_copy(update={"stack": load_stack(stack_file).name})
     if lock.digest != entry.get("digest_before"):
         raise FrankError(f"the stack's earlier text now locks to {lock.digest[:19]}, not the "
                          f"{str(entry.get('digest_before'))[:19]} it had (a part changed "
                          "since); undo it by hand", file=stack_file)
     return UndoResult(seq=seq, entry=entry, stack_text=text, old_text=old_text, lock=lock,
-                      old_lock=old_lock)
+                      old_lock=old_lock, closure=closure)
 
 
 def apply_undo(stack_file: Path, result: UndoResult, root: Path) -> list[tuple[str, str]]:
@@ -109,5 +110,5 @@ def apply_undo(stack_file: Path, result: UndoResult, root: Path) -> list[tuple[s
                           result.old_lock, result.lock, result.old_text)
     entry["undoes"] = result.seq
     txn = Transaction(root)
-    stage_stack_change(txn, stack_file, result.stack_text, result.lock, entry)
+    stage_stack_change(txn, stack_file, result.stack_text, result.lock, entry, result.closure)
     return txn.commit()

@@ -35,6 +35,11 @@ def diff(a: str, b: str, exit_code: bool, as_json: bool) -> None:
                 rows.append(["", f"  {f['field']}", _short(f["old"]), _short(f["new"])])
         for c in result["config"]:
             rows.append(["(stack)", c["field"], _short(c["old"]), _short(c["new"])])
+        for c in result["closure"]:
+            change = "removed" if c["new"] is None else "added" if c["old"] is None \
+                else "version"
+            rows.append(["(closure)", f"{c['distribution']}: {change}", _short(c["old"]),
+                         _short(c["new"])])
         if rows:
             print_table("parts and config", ["part", "change", a, b], rows)
         print_table("image layers", ["layer", "state", a, b],

@@ -24,10 +24,13 @@ from frank.revert import apply_revert, plan_revert
 @click.option("--why", default=None, help="Reason, kept in the stack's history.")
 @click.option("--undo", is_flag=True,
               help="Take back the stack's last revert (the history keeps its earlier text).")
+@click.option("--with-dependents", is_flag=True,
+              help="Also take back every part that requires PART (one step, one history "
+                   "entry).")
 @click.option("--dry-run", is_flag=True, help="Show the change; write nothing.")
 @json_option
-def revert(part: str | None, stack_arg: str, why: str | None, undo: bool, dry_run: bool,
-           as_json: bool) -> None:
+def revert(part: str | None, stack_arg: str, why: str | None, undo: bool,
+           with_dependents: bool, dry_run: bool, as_json: bool) -> None:
     """Take PART one step back in STACK: remove it or return it to its earlier version."""
     if undo == (part is not None):
         raise FrankError("give a PART to revert, or --undo (without a part) to take the "
@@ -35,7 +38,11 @@ def revert(part: str | None, stack_arg: str, why: str | None, undo: bool, dry_ru
     root = repo_root_for()
     path = stack_path(stack_arg, root)
     root = repo_root_for(path)
+    from frank.closure import pylock_path
+
     dependents: list[tuple[str, str]] = []
+    pylock = pylock_path(path)
+    old_closure = pylock.read_bytes() if pylock.is_file() else None  # before it may move
     with repo_lock(root):  # plan and write in one turn: a concurrent revert waits
         if undo:
             from frank.undo import apply_undo, plan_undo
@@ -48,14 +55,16 @@ def revert(part: str | None, stack_arg: str, why: str | None, undo: bool, dry_ru
                 dependents = apply_undo(path, done, root)
         else:
             assert part is not None
-            result = plan_revert(path, part, root)
+            result = plan_revert(path, part, root, with_dependents=with_dependents)
             done = result  # type: ignore[assignment]
             action, old, new = result.action, result.old_version, result.new_version
             if not dry_run:
                 dependents = apply_revert(path, result, why, root)
-    changes = diff_locks(done.old_lock, done.lock, root)
+    changes = diff_locks(done.old_lock, done.lock, root, (old_closure, done.closure))
     if as_json:
+        taken = [n for n, _ in getattr(done, "dependents", [])]
         emit_json({"part": part, "action": action, "from": old, "to": new,
+                   "with_dependents": taken,
                    "dry_run": dry_run, "digest_before": done.old_lock.digest,
                    "digest_after": done.lock.digest, "diff": changes,
                    "dependents": dict(dependents)})
@@ -73,6 +82,10 @@ def revert(part: str | None, stack_arg: str, why: str | None, undo: bool, dry_ru
         target = "removed" if action == "remove" else f"back to {new}"
         click.echo(f"{part} {old} {verb} {target}; "
                    f"digest {done.old_lock.digest[:19]} -> {done.lock.digest[:19]}")
+        for name, version in getattr(done, "dependents", []):
+            click.echo(f"  {name} {version} {verb} taken back with it (it requires {part})")
+    for c in changes["closure"]:
+        click.echo(f"  closure {c['distribution']}: {c['old'] or '-'} -> {c['new'] or '-'}")
     for layer in changes["layers"]:
         if layer["state"] != "same":
             click.echo(f"  layer {layer['layer']}: {layer['state']}")

@@ -15,14 +15,15 @@ from frank.kinds.kernel import Kernel
 from frank.kinds.package import Package
 from frank.kinds.patch import Patch
 from frank.kinds.plugin import Plugin
+from frank.kinds.step import Step
 from frank.kinds.weights import Weights
 
 KINDS: tuple[type[PartBase], ...] = (
-    EngineBase, Patch, Package, Binary, Kernel, Plugin, Data, Weights, EnvSwitch,
+    EngineBase, Patch, Package, Binary, Kernel, Plugin, Data, Weights, EnvSwitch, Step,
 )
 
 AnyPart = Annotated[
-    EngineBase | Patch | Package | Binary | Kernel | Plugin | Data | Weights | EnvSwitch,
+    EngineBase | Patch | Package | Binary | Kernel | Plugin | Data | Weights | EnvSwitch | Step,
     Field(discriminator="kind"),
 ]
 PART_ADAPTER: TypeAdapter[AnyPart] = TypeAdapter(AnyPart)

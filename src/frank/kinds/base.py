@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from frank.errors import FrankError
 from frank.fsutil import repo_path
@@ -90,9 +90,11 @@ class Evidence(Strict):
 
 
 class Revert(Strict):
-    """One step back for this part: remove it, or return to a named earlier version."""
+    """One step back for this part: remove it, or return to a named earlier version; or
+    ``none``, for a part with no step back (the engine base pin: a stack without it does not
+    build, and it has no earlier version), which ``rule`` must explain."""
 
-    action: Literal["remove", "version"]
+    action: Literal["remove", "version", "none"]
     to: Slug | None = None
     rule: str | None = None
 
@@ -100,8 +102,10 @@ class Revert(Strict):
     def _to_matches_action(self) -> Revert:
         if self.action == "version" and self.to is None:
             raise ValueError("revert.action 'version' needs revert.to (the earlier version)")
-        if self.action == "remove" and self.to is not None:
-            raise ValueError("revert.action 'remove' takes no revert.to")
+        if self.action in ("remove", "none") and self.to is not None:
+            raise ValueError(f"revert.action {self.action!r} takes no revert.to")
+        if self.action == "none" and not self.rule:
+            raise ValueError("revert.action 'none' needs revert.rule (why there is no step back)")
         return self
 
 
@@ -114,6 +118,17 @@ class FileCopy:
 
 
 @dataclass(frozen=True)
+class BuildStage:
+    """Commands run in a builder stage (FROM the image as built so far, in a container):
+    only ``outputs`` (image paths) are copied from it into the part's layer, then ``then``
+    runs in the image itself (installing a built wheel, removing a file)."""
+
+    run: tuple[str, ...]
+    outputs: tuple[str, ...]
+    then: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class LayerContribution:
     """What a part adds to the image: files to copy, or commands that must run inside it."""
 
@@ -123,6 +138,8 @@ class LayerContribution:
     run: tuple[str, ...] = ()  # shell commands that must run inside the image
     why: str = ""
     build_wheels: tuple[str, ...] = ()  # repo package folders frank builds into wheels
+    # a builder stage: ``files`` are its inputs (copied into the stage, not the image)
+    stage: BuildStage | None = None
 
 
 @dataclass(frozen=True)
@@ -176,6 +193,23 @@ class PartContext:
                              field=field_name) from None
 
 
+check_module = matching(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*",
+                        "a Python module name (dotted identifiers, as `import` takes it)")
+ModuleName = Annotated[str, AfterValidator(check_module)]
+
+
+class SmokeCheck(Strict):
+    """What must hold once the part is installed: modules that import in the image's
+    Python (``python3 -c 'import flashinfer'``). The launcher runs them before the engine
+    starts, and alone with ``frank-launch --check``."""
+
+    imports: list[ModuleName] = Field(min_length=1)
+
+    def commands(self) -> list[list[str]]:
+        """One argv per module: a failing import names its module."""
+        return [["python3", "-c", f"import {m}"] for m in self.imports]
+
+
 class PartBase(Strict):
     """Fields common to every kind of part."""
 
@@ -196,6 +230,8 @@ class PartBase(Strict):
     conflicts: list[Slug] = []
     replaces: str | None = None
     revert: Revert
+    # left out of the spec when absent, so a part without a check keeps its key
+    check: SmokeCheck | None = Field(default=None, exclude_if=lambda v: v is None)
 
     @model_validator(mode="after")
     def _artifact_present_unless_shelved(self) -> PartBase:

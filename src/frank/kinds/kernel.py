@@ -4,17 +4,15 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import AfterValidator, Field
+from pydantic import Field
 
+from frank.archs import Arch, spell_archs
 from frank.kinds.base import LayerContribution, PartBase, PartContext, PythonNeeds
 from frank.kinds.engine import PinnedWheel
 from frank.kinds.plugin import EntryPoint, package_needs
-from frank.pins import OneLine, matching
+from frank.pins import OneLine
 
-check_arch = matching(r"sm_[0-9]{2,3}[af]?", "a CUDA arch like sm_120 or sm_90a")
-
-
-Arch = Annotated[str, AfterValidator(check_arch)]
+__all__ = ["Arch", "Kernel", "kernel_dest"]
 
 
 def kernel_dest(part_name: str) -> str:
@@ -65,8 +63,8 @@ class Kernel(PartBase):
         return package_needs(ctx, self.plugin.package, "plugin.package")
 
     def nvcc_archs(self) -> str:
-        """``sm_120 sm_90a`` -> ``120 90a``: the form nvcc's -gencode takes."""
-        return " ".join(a.removeprefix("sm_") for a in self.archs)
+        """``sm_120 9.0a`` -> ``120 90a``: the form nvcc's -gencode takes."""
+        return spell_archs(self.archs, "nvcc")
 
     def plugin_names(self) -> list[str]:
         return [self.plugin.name] if self.plugin is not None else []

