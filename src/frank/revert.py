@@ -23,7 +23,7 @@ import tomlkit
 from tomlkit.items import Array, Table
 
 from frank.catalog import Catalog
-from frank.errors import FrankError
+from frank.errors import FrankError, as_real_file
 from frank.journal import Transaction
 from frank.lock import Lock, lock_path, render_lock, write_lock
 from frank.project import lock_resolved
@@ -136,8 +136,11 @@ def lock_text(stack_file: Path, text: str, root: Path, catalog: Catalog, why: st
         tmp.flush()
         # the Python closure is the real stack's (pylock beside it): reused when the edit
         # leaves it alone, re-resolved (or copied from a sibling asking the same) if not
-        resolved = resolve(Path(tmp.name), root, catalog)
-        return lock_resolved(resolved, stack_file, root, "resolve").lock
+        try:
+            resolved = resolve(Path(tmp.name), root, catalog)
+            return lock_resolved(resolved, stack_file, root, "resolve").lock
+        except FrankError as exc:  # name the stack the person edits, not the temp copy
+            raise as_real_file(exc, tmp.name, stack_file) from None
 
 
 def history_path(stack_file: Path) -> Path:

@@ -23,7 +23,7 @@ class Binary(PartBase):
 
     def inputs(self, ctx: PartContext) -> dict[str, str]:
         assert self.path is not None
-        return {self.path: ctx.file_hash(self.path, "sha256", self.sha256)}
+        return {self.path: ctx.file_hash(self.path, "path", self.sha256)}
 
     def layer(self, ctx: PartContext) -> LayerContribution | None:
         assert self.path is not None
