@@ -14,6 +14,14 @@ def _short(value: object) -> str:
     return text if len(text) <= 44 else text[:20] + "…" + text[-20:]
 
 
+def _label(field: str) -> str:
+    """A field's name for the table: an input fetched by URL by its file name (the JSON
+    output keeps the whole URL)."""
+    if field.startswith("inputs.") and "://" in field:
+        return "inputs.…/" + field.rstrip("/").rsplit("/", 1)[-1]
+    return field
+
+
 @click.command()
 @click.argument("a")
 @click.argument("b")
@@ -28,15 +36,24 @@ def diff(a: str, b: str, exit_code: bool, as_json: bool) -> None:
         click.echo(f"{a}: {result['a']['digest']}\n{b}: {result['b']['digest']}")
         if result["same"]:
             click.echo("same resolved content")
-        rows = []
+        rows, history = [], []
         for p in result["parts"]:
-            rows.append([p["part"], p["change"], _short(p["old"]), _short(p["new"])])
+            rows.append([p["part"], f"{p['change']} ({p['kind']})", _short(p["old"]),
+                         _short(p["new"])])
+            if "same_content_as" in p:
+                other = "removed" if p["change"] == "added" else "added"
+                rows.append(["", f"  same content as {other} {p['same_content_as']}", "", ""])
             for f in p["fields"]:
-                rows.append(["", f"  {f['field']}", _short(f["old"]), _short(f["new"])])
+                rows.append(["", f"  {_label(f['field'])}", _short(f["old"]), _short(f["new"])])
+            for f in p["history"]:
+                history.append([p["part"], f["field"], _short(f["old"]), _short(f["new"])])
         for c in result["config"]:
             rows.append(["(stack)", c["field"], _short(c["old"]), _short(c["new"])])
         if rows:
             print_table("parts and config", ["part", "change", a, b], rows)
+        if history:
+            print_table("part history (summary, provenance, status, evidence, revert: "
+                        "not built, not in the digest)", ["part", "field", a, b], history)
         print_table("image layers", ["layer", "state", a, b],
                     [[x["layer"], x["state"], _short(x["old"] and x["old"][:16]),
                       _short(x["new"] and x["new"][:16])] for x in result["layers"]])
