@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
+from frank import memo
 from frank.cli.output import emit_json, json_option, print_table
-from frank.diff import diff_locks
-from frank.project import load_lock_any, repo_root_for
+
+
+def diff_answer(a: str, b: str) -> dict[str, Any]:
+    """The structured diff of A and B (imported only when no kept answer holds)."""
+    from frank.diff import diff_locks
+    from frank.project import load_lock_any, repo_root_for
+
+    return diff_locks(load_lock_any(a), load_lock_any(b), repo_root_for())
 
 
 def _short(value: object) -> str:
@@ -29,7 +38,7 @@ def _label(field: str) -> str:
 @json_option
 def diff(a: str, b: str, exit_code: bool, as_json: bool) -> None:
     """Show what differs between A and B (stack names, stack paths or .lock files)."""
-    result = diff_locks(load_lock_any(a), load_lock_any(b), repo_root_for())
+    result = memo.answer("diff", [a, b], lambda: diff_answer(a, b))
     if as_json:
         emit_json(result)
     else:
