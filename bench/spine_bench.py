@@ -80,6 +80,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="frank-bench-cache-") as cache:
         base = {**os.environ, "FRANK_CACHE_DIR": cache, "COLUMNS": "120"}
         base.pop("FRANK_NO_ANSWER_CACHE", None)
+        # as installed: pip writes bytecode at install, and Python caches it on first import
+        # (a sandbox that sets PYTHONDONTWRITEBYTECODE compiles all of frank every start)
+        dont_write = base.pop("PYTHONDONTWRITEBYTECODE", None)
         envs = {name: {**base, **extra} for name, (_, extra) in COMMANDS.items()}
         for name, (args, _) in COMMANDS.items():  # warm: bytecode and the kept answers
             time_once(args, envs[name])
@@ -91,26 +94,33 @@ def main() -> None:
     when = datetime.now(UTC)
     lines = [
         f"# {when:%Y-%m-%d %H:%M} UTC, n={opts.n} runs each, medians; goal <= {GOAL:.0f}x",
-        f"{'command':52s} {'median s':>9s} {'min s':>7s} {'max s':>7s} {'x bare':>7s}",
+        f"{'command':52s} {'median s':>9s} {'min s':>7s} {'max s':>7s} {'x bare':>7s} "
+        f"{'min/min':>8s}",
     ]
+    floor = min(samples[BARE])
     for name, values in samples.items():
         med = statistics.median(values)
         mark = "" if name == BARE or med / unit <= GOAL or "worked out" in name else "  OVER"
         lines.append(f"{name:52s} {med:9.3f} {min(values):7.3f} {max(values):7.3f} "
-                     f"{med / unit:6.1f}x{mark}")
+                     f"{med / unit:6.1f}x {min(values) / floor:7.1f}x{mark}")
     print("\n".join(lines))
     if opts.write:
         command = " ".join(shlex.quote(a) for a in [
             os.path.relpath(sys.executable, REPO), "bench/spine_bench.py", *sys.argv[1:]])
         out = REPO / "bench" / "results" / f"spine-{when:%Y-%m-%d}.md"
+        unset = " (this shell set PYTHONDONTWRITEBYTECODE; the bench unsets it)" \
+            if dont_write else ""
         out.write_text(
             f"# Read commands' start, {when:%Y-%m-%d %H:%M} UTC\n\n"
             f"Command: `{command}` (from the repo root)\n\n"
             f"Machine: {machine()}\n\n"
             "Each row is a whole process, run n times interleaved with the others; `x bare` "
-            "is its median over the median of `python -c pass`. \"kept\": the answer kept "
+            "is its median over the median of `python -c pass` (the goal's measure), "
+            "`min/min` its fastest run over the fastest bare start (less hit by other "
+            "work on a shared machine). \"kept\": the answer kept "
             "by frank.memo holds (nothing it read changed); \"worked out\": "
-            "FRANK_NO_ANSWER_CACHE=1, every stack resolved, hashed and checked again.\n\n"
+            "FRANK_NO_ANSWER_CACHE=1, every stack resolved, hashed and checked again. "
+            f"Bytecode caching on, as for an installed package{unset}.\n\n"
             "```\n" + "\n".join(lines) + "\n```\n")
         print(f"wrote {out.relative_to(REPO)}")
 
