@@ -149,3 +149,17 @@ def test_help_lists_commands_without_importing_them(repo: Path) -> None:
         assert command is not None and command.help is not None
         assert " ".join(command.help.split("\n\n")[0].split()) == SUMMARIES[name], name
     assert set(SUMMARIES) == set(COMMANDS)
+
+
+def test_the_answer_folder_stays_small(tmp_path: Path) -> None:
+    from frank import memo
+
+    folder = tmp_path / "answers"
+    folder.mkdir()
+    for n in range(memo.KEEP):
+        (folder / f"{n:04d}.json").write_text("{}")
+        os.utime(folder / f"{n:04d}.json", ns=(n * 10**9, n * 10**9))
+    memo._keep(folder / "new.json", {"format": memo.FORMAT})
+    left = sorted(p.name for p in folder.glob("*.json"))
+    assert len(left) == memo.KEEP + 1 - (memo.KEEP + 1) // 2
+    assert "new.json" in left and "0000.json" not in left

@@ -38,6 +38,7 @@ _PACKAGE = Path(__file__).resolve().parent
 # A file changed this close to the start of the work may have changed while it was read
 # (file times move in clock ticks of a few ms): such an answer is not kept.
 RACY_NS = 50_000_000
+KEEP = 512  # records kept before the oldest half is removed
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 
 
@@ -249,5 +250,17 @@ def _keep(path: Path, record: dict[str, Any]) -> None:
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(record, sort_keys=True), encoding="utf-8")
         os.replace(tmp, path)
+        _prune(path.parent)
     except OSError:
         pass
+
+
+def _prune(folder: Path) -> None:
+    """Keep the folder small: past KEEP records (a new code key or folder makes new ones),
+    the least recently written half goes."""
+    records = list(folder.glob("*.json"))
+    if len(records) <= KEEP:
+        return
+    records.sort(key=lambda p: p.stat().st_mtime_ns)
+    for old in records[: len(records) // 2]:
+        old.unlink(missing_ok=True)

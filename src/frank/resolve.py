@@ -173,7 +173,7 @@ def _check_engine_image(stack: Stack, manifests: dict[str, Manifest], base: dict
                       if _image_ref(p) == image)
         hint = (f"set [image] base to {Path(fits[0]).stem!r} ({fits[0]})" if fits else
                 f"add images/<name>.toml with ref = \"{image}\" and name it in [image] base")
-        has = f"ref {base['ref']}" if "ref" in base else "no engine in it"
+        has = f"ref {base['ref']}" if "ref" in base else "a base without the engine"
         raise FrankError(
             f"{stack.image.base!r} (images/{stack.image.base}.toml, {has}) is not the engine's "
             f"image: {engine.part.name} has image = {image} ({engine.rel}), and the engine "
