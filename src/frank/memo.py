@@ -118,17 +118,20 @@ _CODE_KEY: str | None = None
 
 def code_key() -> str:
     """frank's code (every file of the package), the Python running it, and the names
-    (with versions) of the installed distributions: a change to any is a new key."""
+    (with versions) of the installed distributions: a change to any is a new key.
+
+    A package file counts by its stat (size, mtime and ctime in ns, inode): writing a file
+    moves its ctime, which no tool sets back, so an edit is always a new key (and a
+    checkout of the same bytes merely a miss)."""
     global _CODE_KEY
     if _CODE_KEY is None:
         digest = hashlib.sha256(f"{FORMAT}\0{sys.version}\0{sys.executable}\0".encode())
-        for folder, dirs, names in sorted(os.walk(_PACKAGE)):
+        for folder, dirs, names in os.walk(_PACKAGE):
             dirs[:] = sorted(d for d in dirs if d != "__pycache__")
             for name in sorted(names):
-                if name.endswith((".py", ".tmpl", ".typed", ".toml", ".json")):
-                    path = os.path.join(folder, name)
-                    with open(path, "rb") as handle:
-                        digest.update(f"{path}\0".encode() + handle.read() + b"\0")
+                st = os.stat(os.path.join(folder, name))
+                digest.update(f"{folder}/{name}\0{st.st_size} {st.st_mtime_ns} "
+                              f"{st.st_ctime_ns} {st.st_ino}\0".encode())
         for entry in sys.path:
             if entry.endswith("-packages") and os.path.isdir(entry):
                 names = sorted(n for n in os.listdir(entry) if n.endswith(".dist-info"))
