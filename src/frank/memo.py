@@ -225,9 +225,10 @@ def answer(op: str, args: list[str], work: Callable[[], Any]) -> Any:
     path = _record_path(op, args)
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
-        if record.get("format") == FORMAT and _holds(record["depends"]):
+        if record.get("format") == FORMAT and record.get("op") == op \
+                and record.get("args") == args and _holds(record["depends"]):
             return record["result"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass  # none kept, or unreadable: work it out
     global _HOOKED
     if not _HOOKED:
