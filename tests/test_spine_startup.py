@@ -163,3 +163,37 @@ def test_the_answer_folder_stays_small(tmp_path: Path) -> None:
     left = sorted(p.name for p in folder.glob("*.json"))
     assert len(left) == memo.KEEP + 1 - (memo.KEEP + 1) // 2
     assert "new.json" in left and "0000.json" not in left
+
+
+def test_work_that_writes_runs_or_reads_a_fresh_file_is_not_kept(
+        tmp_path: Path, cache: Path) -> None:
+    from frank import memo
+
+    data = tmp_path / "in" / "data.txt"  # not beside the cache: its folder is listed
+    data.parent.mkdir()
+    data.write_text("one")
+    calls: list[str] = []
+
+    def reads() -> str:
+        calls.append("reads")
+        return data.read_text()
+
+    assert memo.answer("t", ["fresh"], reads) == "one"  # written just now: racy, not kept
+    assert not list(cache.glob("answers/*.json"))
+    settled()
+    assert memo.answer("t", ["read"], reads) == "one"
+    assert memo.answer("t", ["read"], reads) == "one"
+    assert calls == ["reads", "reads"]  # the third came from the kept answer
+    data.write_text("two")
+    assert memo.answer("t", ["read"], reads) == "two"
+
+    def writes() -> int:
+        return (tmp_path / "out.txt").write_text("x")
+
+    def runs() -> int:
+        return subprocess.run(["true"], check=True).returncode
+
+    for name, work in (("writes", writes), ("runs", runs)):
+        memo.answer("t", [name], work)
+        assert not (cache / "answers").exists() or \
+            len(list(cache.glob("answers/*.json"))) == 1, name

@@ -54,6 +54,15 @@ class Reads:
     in_tree: int = 0
 
 
+# Work that changes files, starts programs or reaches out is never kept.
+_UNSAFE_EVENTS = frozenset({
+    "os.remove", "os.rename", "os.replace", "os.mkdir", "os.rmdir", "os.symlink", "os.link",
+    "os.truncate", "os.chmod", "os.chown", "os.utime", "shutil.copyfile", "shutil.rmtree",
+    "socket.connect", "socket.getaddrinfo", "urllib.Request",
+})
+# a program started while a tree is hashed is git listing it (hashing.tree_files)
+_PROGRAM_EVENTS = frozenset({"subprocess.Popen", "os.system", "os.exec", "os.posix_spawn",
+                             "os.spawn", "os.fork", "os.forkpty"})
 _ACTIVE: list[Reads] = []
 _HOOKED = False
 
@@ -77,10 +86,10 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
         path = args[0]
         if not isinstance(path, int):
             reads.dirs.add(os.path.abspath(os.fsdecode(path if path is not None else ".")))
-    elif event == "subprocess.Popen" and not reads.in_tree:
-        reads.unsafe = reads.unsafe or f"ran {args[0]}"
-    elif event in ("socket.connect", "socket.getaddrinfo"):
-        reads.unsafe = reads.unsafe or "used the network"
+    elif event in _PROGRAM_EVENTS and not reads.in_tree:
+        reads.unsafe = reads.unsafe or f"{event} {args[0]}"
+    elif event in _UNSAFE_EVENTS:
+        reads.unsafe = reads.unsafe or event
 
 
 def note_tree(root: Path, digest: str) -> None:
