@@ -209,17 +209,24 @@ def _holds(depends: dict[str, Any]) -> bool:
     for path, digest in depends["dirs"].items():
         if _listing(path) != digest:
             return False
-    if depends["trees"]:
+    return all(_tree_now(root) == digest for root, digest in depends["trees"].items())
+
+
+_TREES_NOW: dict[str, str | None] = {}
+
+
+def _tree_now(root: str) -> str | None:
+    """A tree's hash as it is now, worked out once per process (`frank lock --check` with
+    every stack checks the same plugin tree for each; a non-kept run hashes it as often)."""
+    if root not in _TREES_NOW:
         from frank.errors import FrankError
         from frank.hashing import sha256_tree
 
-        for root, digest in depends["trees"].items():
-            try:
-                if sha256_tree(Path(root)) != digest:
-                    return False
-            except (FrankError, OSError):
-                return False
-    return True
+        try:
+            _TREES_NOW[root] = sha256_tree(Path(root))
+        except (FrankError, OSError):
+            _TREES_NOW[root] = None
+    return _TREES_NOW[root]
 
 
 def _record_path(op: str, args: list[str]) -> Path:
