@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -13,3 +14,10 @@ from tests.spine_helpers import copy_repo
 def repo(tmp_path: Path) -> Path:
     """A private copy of the repo's parts/stacks/images/sources to change freely."""
     return copy_repo(tmp_path / "repo")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _answer_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Kept answers of `frank lock --check` and `frank diff` (frank.memo) go to a folder of
+    this test session, not the user's cache; every test still goes through them."""
+    os.environ.setdefault("FRANK_CACHE_DIR", str(tmp_path_factory.mktemp("frank-cache")))

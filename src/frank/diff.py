@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from frank.lock import Lock
+from frank.lock import Lock, LockedPart
 from frank.plan import BuildPlan, build_plan, closure_wheels
+from frank.resolve import METADATA_FIELDS
 
 
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -14,7 +15,7 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
         out: dict[str, Any] = {}
         for k, v in value.items():
             out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-        return out or {prefix: {}}
+        return out or ({prefix: {}} if prefix else {})
     return {prefix: value}
 
 
@@ -22,7 +23,71 @@ def field_changes(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, An
     """Dotted paths whose value differs, with both values (None where absent)."""
     a, b = _flatten(old), _flatten(new)
     return [{"field": k, "old": a.get(k), "new": b.get(k)}
-            for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)]
+            for k in sorted(a.keys() | b.keys())
+            if a.get(k) != b.get(k) and not (_empty(a.get(k)) and _empty(b.get(k)))]
+
+
+def _empty(value: Any) -> bool:
+    """Absent, or an empty default (``requires = []``): nothing to show either way."""
+    return value is None or value == [] or value == {}
+
+
+# A part's own identity, shown as the part's row itself, not as fields of it.
+IDENTITY_FIELDS = frozenset({"name", "version", "kind"})
+
+
+def _split(locked: LockedPart | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A locked part as (build fields with its inputs, history fields)."""
+    if locked is None:
+        return {}, {}
+    build = {k: v for k, v in locked.spec.items()
+             if k not in METADATA_FIELDS and k not in IDENTITY_FIELDS}
+    history = {k: v for k, v in locked.spec.items() if k in METADATA_FIELDS}
+    return {"spec": build, "inputs": locked.inputs}, history
+
+
+def _content(locked: LockedPart) -> tuple[str, tuple[str, ...]] | None:
+    """What a part carries, whatever it is named: its kind and its inputs' hashes."""
+    return (locked.kind, tuple(sorted(locked.inputs.values()))) if locked.inputs else None
+
+
+def part_changes(a: Lock, b: Lock) -> list[dict[str, Any]]:
+    """Part by part: added, removed, changed (build fields) or history only, each with the
+    part's kind, its build fields (spec and inputs) apart from its history fields
+    (summary, provenance, status, evidence, revert), and, for a removed and an added part
+    that carry the same content under two names, which one is which."""
+    parts: list[dict[str, Any]] = []
+    names = sorted({p.name for p in a.parts} | {p.name for p in b.parts})
+    for name in names:
+        pa, pb = a.part(name), b.part(name)
+        build_a, hist_a = _split(pa)
+        build_b, hist_b = _split(pb)
+        if pa is not None and pb is not None:
+            if pa.key != pb.key:
+                change = "version" if pa.version != pb.version else "changed"
+            elif pa.spec != pb.spec:
+                change = "history"
+            else:
+                continue
+        else:
+            change = "added" if pa is None else "removed"
+        either = pb if pb is not None else pa
+        assert either is not None
+        parts.append({"part": name, "kind": either.kind, "change": change,
+                      "old": pa.version if pa else None, "new": pb.version if pb else None,
+                      "fields": field_changes(build_a, build_b),
+                      "history": field_changes(hist_a, hist_b)})
+    removed = {e["part"]: _content(p) for e in parts if e["change"] == "removed"
+               and (p := a.part(e["part"])) is not None}
+    for entry in parts:
+        added = b.part(entry["part"]) if entry["change"] == "added" else None
+        if added is None or _content(added) is None:
+            continue
+        twin = next((n for n, c in removed.items() if c == _content(added)), None)
+        if twin is not None:
+            entry["same_content_as"] = twin
+            next(e for e in parts if e["part"] == twin)["same_content_as"] = entry["part"]
+    return parts
 
 
 def _versions(lock: Lock, plan: BuildPlan, root: Path, closure: bytes | None
@@ -51,26 +116,7 @@ def diff_locks(a: Lock, b: Lock, root: Path,
                closures: tuple[bytes | None, bytes | None] = (None, None)) -> dict[str, Any]:
     """A structured diff of two locks, ready for a table or for JSON (``closures``: the
     pylock texts of a and b where they are not the files the locks name)."""
-    parts: list[dict[str, Any]] = []
-    names = sorted({p.name for p in a.parts} | {p.name for p in b.parts})
-    for name in names:
-        pa, pb = a.part(name), b.part(name)
-        if pa is None and pb is not None:
-            parts.append({"part": name, "change": "added", "old": None, "new": pb.version,
-                          "fields": []})
-        elif pb is None and pa is not None:
-            parts.append({"part": name, "change": "removed", "old": pa.version, "new": None,
-                          "fields": []})
-        elif pa is not None and pb is not None and pa.key != pb.key:
-            change = "version" if pa.version != pb.version else "changed"
-            fields = field_changes({"spec": pa.spec, "inputs": pa.inputs},
-                                   {"spec": pb.spec, "inputs": pb.inputs})
-            parts.append({"part": name, "change": change, "old": pa.version,
-                          "new": pb.version, "fields": fields})
-        elif pa is not None and pb is not None and pa.spec != pb.spec:
-            parts.append({"part": name, "change": "metadata", "old": pa.version,
-                          "new": pb.version,
-                          "fields": field_changes(pa.spec, pb.spec)})
+    parts = part_changes(a, b)
     config = field_changes(
         {"model": a.model, "target": a.target, "base_image": a.base_image,
          "command": a.command, "flags": a.flags, "env": a.env, "plugins": a.plugins},
@@ -91,8 +137,8 @@ def diff_locks(a: Lock, b: Lock, root: Path,
             state = "same" if xa.key == xb.key else "rebuilt"
         layers.append({"layer": name, "state": state,
                        "old": xa.key if xa else None, "new": xb.key if xb else None})
-    same = a.digest == b.digest
     closure = closure_changes(a, b, (pa_, pb_), root, closures)
+    same = a.digest == b.digest
     return {"a": {"stack": a.stack, "digest": a.digest}, "b": {"stack": b.stack,
             "digest": b.digest}, "same": same, "parts": parts, "config": config,
             "closure": closure, "layers": layers}

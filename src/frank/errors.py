@@ -39,3 +39,15 @@ class FrankError(Exception):
 
     def __str__(self) -> str:
         return self.one_line()
+
+
+def as_real_file(exc: FrankError, temp: Path | str, real: Path | str) -> FrankError:
+    """``exc`` raised while checking a staged copy ``temp`` of ``real`` (a revert resolves
+    the edited stack from a temp file beside it): the same error, naming the real file,
+    since the temp file is gone by the time anyone reads the message."""
+    temp, real = Path(temp), Path(real)
+    out = FrankError(exc.message.replace(str(temp), str(real)).replace(temp.name, real.name),
+                     file=real if exc.file == _display_path(temp) else exc.file,
+                     field=exc.field)
+    out.exit_code = exc.exit_code
+    return out

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 from frank.errors import FrankError
@@ -13,6 +12,8 @@ def write_atomic(path: Path, data: str | bytes) -> None:
     """Write to a temp file beside ``path`` and rename it into place."""
     raw = data.encode() if isinstance(data, str) else data
     path.parent.mkdir(parents=True, exist_ok=True)
+    import tempfile  # only when writing: read commands start without it
+
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:

@@ -96,15 +96,21 @@ def sha256_tree(root: Path) -> str:
     mtimes and owners are not, so two clones hash alike. A symlink is hashed as its target
     text (mode ``l``), as a layer stores it.
     """
+    from frank import memo
+
     lines = []
-    for path in tree_files(root):
+    with memo.tree_scope():  # git's listing is the tree's, not an unknown program's
+        files = tree_files(root)
+    for path in files:
         rel = path.relative_to(root).as_posix()
         if path.is_symlink():
             lines.append(f"{sha256_bytes(os.readlink(path).encode())} l {rel}\n")
             continue
         mode = "x" if path.stat().st_mode & 0o111 else "-"
         lines.append(f"{sha256_file(path)} {mode} {rel}\n")
-    return sha256_bytes("".join(lines).encode())
+    digest = sha256_bytes("".join(lines).encode())
+    memo.note_tree(root, digest)
+    return digest
 
 
 def canonical_json(value: Any) -> str:

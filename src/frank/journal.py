@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +61,7 @@ class Transaction:
         files: list[list[str]] = []
         try:
             for target, data in self.writes.items():
-                staged = target.with_name(f".{target.name}{STAGED_MARK}{uuid.uuid4().hex}.tmp")
+                staged = target.with_name(f".{target.name}{STAGED_MARK}{os.urandom(16).hex()}.tmp")
                 _fsync_write(staged, data)
                 files.append([self._rel(target), self._rel(staged)])
         except BaseException:

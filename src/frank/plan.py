@@ -171,6 +171,9 @@ def engine_path(lock: Lock) -> EnginePath | None:
     if engine is None:
         return None
     compiled = [p.name for p in parts if isinstance(p, Patch) and p.touches_compiled]
+    if engine.image is not None and compiled:  # resolve refuses it; a hand-made lock too
+        raise FrankError(f"{', '.join(compiled)} touch compiled code, which the official "
+                         f"engine image {engine.image} holds prebuilt", field="touches_compiled")
     if engine.image is not None:
         return EnginePath(strategy="image", why=f"official engine image {engine.image}")
     if compiled:
@@ -383,8 +386,12 @@ def build_plan(lock: Lock, root: Path, closure: bytes | None = None) -> BuildPla
         if path is not None and path.strategy == "source":
             if isinstance(part, Patch):
                 source_patches.append(part.name)
+                what = "touches compiled code" if part.touches_compiled else "Python only"
                 layer = layer.model_copy(update={
-                    "run": [r for r in layer.run if not r.startswith("patch ")]})
+                    "run": [r for r in layer.run if not r.startswith("patch ")],
+                    "why": f"patch ({what}) staged for the engine's source build: "
+                           "applied to the source tree at the pinned commit before vLLM "
+                           "is built"})
             elif isinstance(part, EngineBase):
                 continue  # built after the patches are in place
         layers.append(layer)

@@ -111,19 +111,92 @@ def resolve(stack_path: Path, root: Path, catalog: Catalog | None = None) -> Res
                 f"{name} {version} is {manifests[name].part.status} and has no {missing}; "
                 "it cannot go into a stack", file=file, field=field)
     _check_relations(stack, manifests)
+    base = load_base_image(root, stack.image.base, stack.path)
+    _check_engine_image(stack, manifests, base, root)
 
     parts = []
     for m in manifests.values():
         ctx = PartContext(root=root, manifest=m.path)
         parts.append(ResolvedPart(manifest=m, inputs=m.part.inputs(ctx)))
-    parts.sort(key=lambda rp: (type(rp.manifest.part).layer_rank, rp.name))
+    parts = layer_order(parts)
     _refuse_duplicate_patches(stack, parts)
 
     flags, env = _merge_config(stack, parts)
     plugins = sorted({p for rp in parts for p in rp.manifest.part.plugin_names()})
-    base = load_base_image(root, stack.image.base, stack.path)
     return Resolved(stack=stack, root=root, parts=parts, flags=flags, env=env,
                     plugins=plugins, base_image=base)
+
+
+def layer_order(parts: list[ResolvedPart]) -> list[ResolvedPart]:
+    """Parts in layer order: by kind (least often changed first), then name, except that a
+    part always comes after every part it requires (a stable topological order: of the
+    parts whose requirements are placed, the first by kind and name goes next). A cycle of
+    ``requires`` is an error naming the parts in it."""
+    by_name = {rp.name: rp for rp in parts}
+    waiting = {rp.name: {r for r in rp.manifest.part.requires if r in by_name} for rp in parts}
+    pending = sorted(parts, key=lambda rp: (type(rp.manifest.part).layer_rank, rp.name))
+    out: list[ResolvedPart] = []
+    placed: set[str] = set()
+    while pending:
+        ready = next((rp for rp in pending if waiting[rp.name] <= placed), None)
+        if ready is None:
+            cycle = _requires_cycle({n: waiting[n] - placed for n in (p.name for p in pending)})
+            first = by_name[cycle[0]].manifest
+            raise FrankError("requires forms a cycle: " + " -> ".join(
+                f"{n} ({by_name[n].manifest.rel})" for n in [*cycle, cycle[0]]),
+                file=first.path, field="requires")
+        out.append(ready)
+        placed.add(ready.name)
+        pending.remove(ready)
+    return out
+
+
+def _requires_cycle(edges: dict[str, set[str]]) -> list[str]:
+    """One cycle among parts none of which can be placed (each waits for another)."""
+    start = min(edges)
+    path: list[str] = []
+    node = start
+    while node not in path:
+        path.append(node)
+        node = min(edges[node])
+    return path[path.index(node):]
+
+
+def _check_engine_image(stack: Stack, manifests: dict[str, Manifest], base: dict[str, str],
+                        root: Path) -> None:
+    """An engine that comes as an official image is the image's base: the stack's
+    ``[image] base`` must be that image (the base is declared in one place and locked by
+    content; frank never swaps it silently), and no patch may claim compiled code, which
+    the image holds prebuilt."""
+    engine = next((m for m in manifests.values() if isinstance(m.part, EngineBase)), None)
+    if engine is None or not isinstance(engine.part, EngineBase) or engine.part.image is None:
+        return
+    image = engine.part.image
+    if base.get("ref") != image:
+        fits = sorted(p.relative_to(root).as_posix() for p in (root / "images").glob("*.toml")
+                      if _image_ref(p) == image)
+        hint = (f"set [image] base to {Path(fits[0]).stem!r} ({fits[0]})" if fits else
+                f"add images/<name>.toml with ref = \"{image}\" and name it in [image] base")
+        has = f"ref {base['ref']}" if "ref" in base else "a base without the engine"
+        raise FrankError(
+            f"{stack.image.base!r} (images/{stack.image.base}.toml, {has}) is not the engine's "
+            f"image: {engine.part.name} has image = {image} ({engine.rel}), and the engine "
+            f"image is the base it runs on; {hint}", file=stack.path, field="image.base")
+    for m in manifests.values():
+        if isinstance(m.part, Patch) and m.part.touches_compiled:
+            raise FrankError(
+                f"true, but {engine.part.name} comes as the official engine image (image = "
+                f"{image}, {engine.rel}), whose compiled code is prebuilt and cannot take the "
+                "patch; build the engine from source at its commit (drop image) or leave this "
+                "patch out", file=m.path, field="touches_compiled")
+
+
+def _image_ref(path: Path) -> str | None:
+    try:
+        ref = read_toml(path).get("ref")
+    except FrankError:
+        return None
+    return ref if isinstance(ref, str) else None
 
 
 def _check_relations(stack: Stack, manifests: dict[str, Manifest]) -> None:

@@ -23,7 +23,7 @@ import tomlkit
 from tomlkit.items import Array, Table
 
 from frank.catalog import Catalog
-from frank.errors import FrankError
+from frank.errors import FrankError, as_real_file
 from frank.journal import Transaction
 from frank.lock import Lock, lock_path, render_lock, write_lock
 from frank.project import lock_resolved
@@ -187,8 +187,11 @@ def lock_text(stack_file: Path, text: str, root: Path, catalog: Catalog, why: st
         copy = Path(cdir) / real.name
         if real.is_file():
             copy.write_bytes(real.read_bytes())
-        resolved = resolve(Path(tmp.name), root, catalog)
-        lock = lock_resolved(resolved, stack_file, root, "resolve", closure_out=copy).lock
+        try:
+            resolved = resolve(Path(tmp.name), root, catalog)
+            lock = lock_resolved(resolved, stack_file, root, "resolve", closure_out=copy).lock
+        except FrankError as exc:  # name the stack the person edits, not the temp copy
+            raise as_real_file(exc, tmp.name, stack_file) from None
         closure = copy.read_bytes() if lock.python_closure is not None and copy.is_file() \
             else None
         return lock, closure

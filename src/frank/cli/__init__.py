@@ -37,6 +37,35 @@ COMMANDS: dict[str, str] = {
 }
 
 
+# command name -> the first paragraph of its help, for `frank --help` without importing
+# every command (tests/test_spine_startup.py keeps it equal to each command's own help).
+SUMMARIES: dict[str, str] = {
+    "attest": "Write STACK's (or LAYOUT's) SBOM and SLSA provenance, signed, as OCI referrers.",
+    "check": "Validate all parts/ manifests and resolve all stacks/ (writes nothing); a parked "
+             "or rejected part in any stack is refused.",
+    "compose": "Resolve STACK, lock it, plan its layers, write the build context, build the "
+               "image.",
+    "debs": "Bases made from Debian packages pinned by version and sha256.",
+    "diff": "Show what differs between A and B (stack names, stack paths or .lock files).",
+    "inspect": "Show the image at IMAGE (an OCI layout directory or "
+               "HOST/REPO[:TAG|@DIGEST]).",
+    "keygen": "Write a new signing key pair: OUT (private) and OUT with .pub (public).",
+    "lock": "Resolve STACKS (default: all) and write STACK.lock (and pylock.STACK.toml) "
+            "beside each.",
+    "parts": "List part manifests: name, version, kind, status, summary.",
+    "pin": "Resolve PART@VERSION's tag/branch/release into a content pin in its manifest.",
+    "push": "Push STACK's image to HOST/REPO by digest, then tag it: stack name, "
+            "lock-<digest>.",
+    "revert": "Take PART one step back in STACK: remove it or return it to its earlier "
+              "version.",
+    "run": "Run the image of STACK_OR_LAYOUT; ARGS after `--` go to its entrypoint.",
+    "verify": "Verify IMAGE_REF (HOST/NAME[:TAG|@DIGEST], or an OCI layout) against its lock.",
+    "serve": "Fetch and verify the weights, then run the engine as the lock says.",
+    "show": "Show PART (every version) or PART@VERSION.",
+    "trial": "A part goes in only through a test whose rule was written before it ran.",
+}
+
+
 class LazyGroup(click.Group):
     """A click group that imports a command's module only when that command runs."""
 
@@ -56,6 +85,16 @@ class LazyGroup(click.Group):
             raise
         command: click.Command = getattr(module, attr)
         return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The command list of `frank --help`, from SUMMARIES: as click writes it, without
+        importing every command's module (and its dependencies) to read one line."""
+        names = self.list_commands(ctx)
+        limit = formatter.width - 6 - max(len(n) for n in names)
+        rows = [(n, click.Command(n, help=SUMMARIES[n]).get_short_help_str(limit))
+                for n in names]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

@@ -2,16 +2,33 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
+from frank import memo
 from frank.cli.output import emit_json, json_option, print_table
-from frank.diff import diff_locks
-from frank.project import load_lock_any, repo_root_for
+
+
+def diff_answer(a: str, b: str) -> dict[str, Any]:
+    """The structured diff of A and B (imported only when no kept answer holds)."""
+    from frank.diff import diff_locks
+    from frank.project import load_lock_any, repo_root_for
+
+    return diff_locks(load_lock_any(a), load_lock_any(b), repo_root_for())
 
 
 def _short(value: object) -> str:
     text = "-" if value is None else str(value)
     return text if len(text) <= 44 else text[:20] + "…" + text[-20:]
+
+
+def _label(field: str) -> str:
+    """A field's name for the table: an input fetched by URL by its file name (the JSON
+    output keeps the whole URL)."""
+    if field.startswith("inputs.") and "://" in field:
+        return "inputs.…/" + field.rstrip("/").rsplit("/", 1)[-1]
+    return field
 
 
 @click.command()
@@ -21,18 +38,24 @@ def _short(value: object) -> str:
 @json_option
 def diff(a: str, b: str, exit_code: bool, as_json: bool) -> None:
     """Show what differs between A and B (stack names, stack paths or .lock files)."""
-    result = diff_locks(load_lock_any(a), load_lock_any(b), repo_root_for())
+    result = memo.answer("diff", [a, b], lambda: diff_answer(a, b))
     if as_json:
         emit_json(result)
     else:
         click.echo(f"{a}: {result['a']['digest']}\n{b}: {result['b']['digest']}")
         if result["same"]:
             click.echo("same resolved content")
-        rows = []
+        rows, history = [], []
         for p in result["parts"]:
-            rows.append([p["part"], p["change"], _short(p["old"]), _short(p["new"])])
+            rows.append([p["part"], f"{p['change']} ({p['kind']})", _short(p["old"]),
+                         _short(p["new"])])
+            if "same_content_as" in p:
+                other = "removed" if p["change"] == "added" else "added"
+                rows.append(["", f"  same content as {other} {p['same_content_as']}", "", ""])
             for f in p["fields"]:
-                rows.append(["", f"  {f['field']}", _short(f["old"]), _short(f["new"])])
+                rows.append(["", f"  {_label(f['field'])}", _short(f["old"]), _short(f["new"])])
+            for f in p["history"]:
+                history.append([p["part"], f["field"], _short(f["old"]), _short(f["new"])])
         for c in result["config"]:
             rows.append(["(stack)", c["field"], _short(c["old"]), _short(c["new"])])
         for c in result["closure"]:
@@ -42,6 +65,9 @@ def diff(a: str, b: str, exit_code: bool, as_json: bool) -> None:
                          _short(c["new"])])
         if rows:
             print_table("parts and config", ["part", "change", a, b], rows)
+        if history:
+            print_table("part history (summary, provenance, status, evidence, revert: "
+                        "not built, not in the digest)", ["part", "field", a, b], history)
         print_table("image layers", ["layer", "state", a, b],
                     [[x["layer"], x["state"], _short(x["old"] and x["old"][:16]),
                       _short(x["new"] and x["new"][:16])] for x in result["layers"]])

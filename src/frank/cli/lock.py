@@ -2,22 +2,43 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Iterator
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import click
 
+from frank import memo
 from frank.cli.output import emit_json, json_option
-from frank.lock import lock_is_current, render_lock, write_lock
-from frank.project import lock_stack, repo_root_for
+from frank.fsutil import find_repo_root
 from frank.repolock import repo_lock
 from frank.stackfiles import stack_files
+
+# What `frank lock --check` imports is kept small: on a kept answer (frank.memo) nothing
+# that resolves a stack (pydantic, the part kinds) is imported at all.
 
 
 def all_stacks() -> list[str]:
     """Every stack file in the repo's stacks/ folder."""
-    root = repo_root_for()
-    return [str(p) for p in stack_files(root)]
+    return [str(p) for p in stack_files(find_repo_root(Path.cwd()))]
+
+
+def check_answer(arg: str) -> dict[str, Any]:
+    """What the lock of ``arg`` must hold (offline, writing nothing), as JSON data."""
+    from frank.lock import render_lock
+    from frank.project import lock_stack
+
+    locked = lock_stack(arg, closure="check")
+    return {"stack": locked.lock.stack, "lock_file": str(locked.lock_file),
+            "digest": locked.lock.digest, "closure_stale": locked.closure_stale,
+            "sha256": hashlib.sha256(render_lock(locked.lock).encode()).hexdigest()}
+
+
+def _current(path: Path, sha256: str) -> bool:
+    """Whether the lock file holds exactly the text whose sha256 is given (as bytes)."""
+    return path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == sha256
 
 
 @click.command()
@@ -37,16 +58,22 @@ def lock(stacks: tuple[str, ...], check: bool, upgrade: bool, as_json: bool) -> 
     stale = False
     mode = "check" if check else ("upgrade" if upgrade else "resolve")
     for arg in _holding_repo_lock(stacks or all_stacks()):
-        locked = lock_stack(arg, closure=mode)  # type: ignore[arg-type]
-        path = locked.lock_file
         if check:
-            ok = lock_is_current(path, render_lock(locked.lock)) and not locked.closure_stale
+            want = memo.answer("lock --check", [arg], partial(check_answer, arg))
+            path = Path(want["lock_file"])
+            ok = _current(path, want["sha256"]) and not want["closure_stale"]
             stale |= not ok
             state = "up to date" if ok else ("stale" if path.is_file() else "missing")
+            stack, digest = want["stack"], want["digest"]
         else:
+            from frank.lock import write_lock
+            from frank.project import lock_stack
+
+            locked = lock_stack(arg, closure=mode)  # type: ignore[arg-type]
+            path = locked.lock_file
             state = "written" if write_lock(locked.lock, path) else "unchanged"
-        results.append({"stack": locked.lock.stack, "lock": _rel(path), "state": state,
-                        "digest": locked.lock.digest})
+            stack, digest = locked.lock.stack, locked.lock.digest
+        results.append({"stack": stack, "lock": _rel(path), "state": state, "digest": digest})
     if as_json:
         emit_json(results)
     else:
@@ -60,7 +87,7 @@ def lock(stacks: tuple[str, ...], check: bool, upgrade: bool, as_json: bool) -> 
 def _holding_repo_lock(args: Iterable[str]) -> Iterator[str]:
     """``args``, with the repo lock held until the last one is done: no revert or adopt
     rewrites a stack between its locking and the lock's writing."""
-    with repo_lock(repo_root_for()):
+    with repo_lock(find_repo_root(Path.cwd())):
         yield from args
 
 

@@ -1,4 +1,4 @@
-"""Shared output helpers for commands: JSON for CI, rich tables for people."""
+"""Shared output helpers for commands: JSON for CI, plain tables for people."""
 
 from __future__ import annotations
 
@@ -19,13 +19,26 @@ def json_option(func: Any) -> Any:
 
 
 def print_table(title: str | None, columns: list[str], rows: list[list[str]]) -> None:
-    """A rich table on stdout (rich imported only when a person wants a table)."""
-    from rich.console import Console
-    from rich.table import Table
+    """A plain table on stdout, fitted to the terminal (``COLUMNS``): a cell too wide for
+    its column folds onto more lines. Plain text, so that a read command needs no
+    terminal library to start (``rich`` alone costs more than the rest of `frank diff`)."""
+    import shutil
 
-    table = Table(title=title, show_lines=False)
-    for col in columns:
-        table.add_column(col, overflow="fold")
-    for row in rows:
-        table.add_row(*row)
-    Console(soft_wrap=True).print(table)
+    width = shutil.get_terminal_size((100, 24)).columns
+    cells = [columns, *rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+    room = max(width - 3 * (len(columns) - 1), 8 * len(columns))
+    while sum(widths) > room and max(widths) > 8:
+        widest = widths.index(max(widths))
+        widths[widest] -= 1
+    out = [title] if title else []
+    for n, row in enumerate(cells):
+        folded = [[cell[i:i + w] for i in range(0, len(cell), w)] or [""]
+                  for cell, w in zip(row, widths, strict=True)]
+        for line in range(max(len(f) for f in folded)):
+            parts = [(f[line] if line < len(f) else "").ljust(w)
+                     for f, w in zip(folded, widths, strict=True)]
+            out.append(" │ ".join(parts).rstrip())
+        if n == 0:
+            out.append("─┼─".join("─" * w for w in widths))
+    click.echo("\n".join(out))

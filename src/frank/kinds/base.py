@@ -167,8 +167,12 @@ class PartContext:
         return repo_path(self.root, value, file=self.manifest, field=field_name,
                          must_exist=must_exist)
 
-    def file_hash(self, value: str, field_name: str, expected: str | None = None) -> str:
-        """sha256 of a repo file; a declared hash that does not match is an error."""
+    def file_hash(self, value: str, field_name: str, expected: str | None = None,
+                  hash_field: str = "sha256") -> str:
+        """sha256 of a repo file; a declared hash that does not match is an error.
+
+        A missing file is named under the field that gives the path (``field_name``), a
+        wrong hash under the field that declares it (``hash_field``)."""
         path = self.path(value, field_name)
         if not path.is_file():
             raise FrankError(f"{value!r} is not a file", file=self.manifest, field=field_name)
@@ -176,7 +180,7 @@ class PartContext:
         if expected is not None and actual != expected:
             raise FrankError(
                 f"sha256 mismatch for {value}: manifest says {expected}, file has {actual}",
-                file=self.manifest, field=field_name,
+                file=self.manifest, field=hash_field,
             )
         return actual
 

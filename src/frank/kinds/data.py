@@ -62,7 +62,8 @@ class Data(PartBase):
 
     def inputs(self, ctx: PartContext) -> dict[str, str]:
         if self.source.path is not None:
-            return {self.source.path: ctx.file_hash(self.source.path, "sha256", self.sha256)}
+            path = self.source.path
+            return {path: ctx.file_hash(path, "source.path", self.sha256)}
         hub = self.source.hub
         assert hub is not None and self.sha256 is not None
         return {f"hub:{hub.repo_id}@{hub.revision}/{hub.filename}": self.sha256}

@@ -9,7 +9,7 @@ from pydantic import Field
 from frank.archs import Arch, spell_archs
 from frank.kinds.base import LayerContribution, PartBase, PartContext, PythonNeeds
 from frank.kinds.engine import PinnedWheel
-from frank.kinds.plugin import EntryPoint, package_needs
+from frank.kinds.plugin import EntryPoint, check_entry_point, package_needs
 from frank.pins import OneLine
 
 __all__ = ["Arch", "Kernel", "kernel_dest"]
@@ -43,8 +43,10 @@ class Kernel(PartBase):
         out = {self.source: ctx.tree_hash(self.source, "source")}
         for wheel in self.toolchain or ():
             out[str(wheel.url)] = wheel.sha256
-        if self.plugin is not None and not self.plugin.package.startswith(self.source + "/"):
-            out[self.plugin.package] = ctx.tree_hash(self.plugin.package, "plugin.package")
+        if self.plugin is not None:  # checked even inside the source tree it is hashed with
+            check_entry_point(ctx, self.plugin, "plugin")
+            if not self.plugin.package.startswith(self.source + "/"):
+                out[self.plugin.package] = ctx.tree_hash(self.plugin.package, "plugin.package")
         return out
 
     def layer(self, ctx: PartContext) -> LayerContribution | None:

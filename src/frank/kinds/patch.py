@@ -80,7 +80,7 @@ class Patch(PartBase):
         if self.file is None:
             assert self.sha256 is not None
             return {str(self.url): self.sha256}  # verified when the build fetches it
-        digest = ctx.file_hash(self.file, "sha256", expected=self.sha256)
+        digest = ctx.file_hash(self.file, "file", expected=self.sha256)
         actual = touches_compiled(ctx.path(self.file, "file").read_text(errors="replace"))
         if actual != self.touches_compiled:
             raise FrankError(
@@ -105,5 +105,9 @@ class Patch(PartBase):
             "print(os.path.dirname(os.path.dirname(vllm.__file__)))')\" "
             f"< {patch_dest(self.name)}"
         )
+        if self.touches_compiled:  # applied to the source tree before the engine is built
+            return LayerContribution(files=files, run=(*run, apply),
+                                     why="patch of compiled code, staged for the engine's "
+                                         "source build at the pinned commit")
         return LayerContribution(files=files, run=(*run, apply),
                                  why="Python-only patch applied to the installed engine")

@@ -31,6 +31,26 @@ class EntryPoint(Strict):
     name: EntryPointName
 
 
+def check_entry_point(ctx: PartContext, entry: EntryPoint, field_name: str) -> None:
+    """``entry``'s package must be a package folder that declares ``entry.name`` in
+    ``entry.group``: the name goes into VLLM_PLUGINS, and one the package does not declare
+    would be loaded by no one, silently."""
+    from frank.errors import FrankError
+    from frank.wheelbuild import read_project
+
+    folder = ctx.path(entry.package, f"{field_name}.package")
+    pyproject = folder / "pyproject.toml"
+    if not pyproject.is_file():
+        raise FrankError(f"{entry.package!r} has no pyproject.toml", file=ctx.manifest,
+                         field=f"{field_name}.package")
+    declared = read_project(folder).entry_points.get(entry.group, {})
+    if entry.name not in declared:
+        have = ", ".join(sorted(declared)) or "none"
+        raise FrankError(f"{entry.name!r} is not an entry point of {entry.group} in "
+                         f"{entry.package}/pyproject.toml (it declares: {have})",
+                         file=ctx.manifest, field=f"{field_name}.name")
+
+
 def package_needs(ctx: PartContext, package: str, field_name: str) -> PythonNeeds:
     """A repo package's dependencies, from its static pyproject metadata."""
     from frank.wheelbuild import read_project
@@ -55,12 +75,8 @@ class Plugin(PartBase):
 
     def inputs(self, ctx: PartContext) -> dict[str, str]:
         assert self.entry_point is not None
+        check_entry_point(ctx, self.entry_point, "entry_point")
         path = self.entry_point.package
-        if not ctx.path(path, "entry_point.package").joinpath("pyproject.toml").is_file():
-            from frank.errors import FrankError
-
-            raise FrankError(f"{path!r} has no pyproject.toml", file=ctx.manifest,
-                             field="entry_point.package")
         return {path: ctx.tree_hash(path, "entry_point.package")}
 
     def layer(self, ctx: PartContext) -> LayerContribution | None:

@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from tomlkit.items import AoT, Table
 
 from frank.catalog import Catalog, Manifest
-from frank.errors import FrankError
+from frank.errors import FrankError, as_real_file
 from frank.hashing import sha256_bytes
 from frank.journal import Transaction
 from frank.kinds import PART_ADAPTER
@@ -203,7 +203,10 @@ def _checked_edit(stack_file: Path, subject: SubjectSpec, trial: Trial, root: Pa
     tmp = stack_file.with_name(f"{stack_file.stem}{TEMP_MARK}adopt.toml")
     try:
         tmp.write_text(new_text, encoding="utf-8")
-        new_lock = _lock(tmp, stack_file, root, catalog)
+        try:
+            new_lock = _lock(tmp, stack_file, root, catalog)
+        except FrankError as exc:  # name the served stack, not its staged copy
+            raise as_real_file(exc, tmp, stack_file) from None
         if subject.change != "remove":  # the one-step revert must lead back exactly
             try:
                 back = plan_revert(tmp, subject.part, root)
