@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "parts": "frank.cli.parts:parts",
     "pin": "frank.cli.pin:pin",
     "push": "frank.cli.push:push",
+    "render": "frank.cli.render:render",
     "revert": "frank.cli.revert:revert",
     "run": "frank.cli.run:run_cmd",
     "serve": "frank.cli.serve:serve",

@@ -38,7 +38,7 @@ def _strict(schema: Any) -> Any:
 def crd_schema(path: Path, version: str) -> dict[str, Any]:
     """``spec.versions[name=version].schema.openAPIV3Schema`` of a CRD file."""
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    doc = yaml.load(path.read_text(encoding="utf-8"), Loader=loader)  # noqa: S506 (safe)
+    doc = yaml.load(path.read_text(encoding="utf-8"), Loader=loader)
     for v in doc["spec"]["versions"]:
         if v["name"] == version:
             schema: dict[str, Any] = v["schema"]["openAPIV3Schema"]

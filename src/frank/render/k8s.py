@@ -125,7 +125,7 @@ def selector(name: str) -> dict[str, str]:
     return {f"{LABEL}/stack": name}
 
 
-def annotations(lock: Lock, image: ImageRef) -> dict[str, str]:
+def pin_annotations(lock: Lock, image: ImageRef) -> dict[str, str]:
     """The pins a reader checks against ``frank inspect`` and the lock file."""
     out = {f"{LABEL}/stack-digest": lock.digest, f"{LABEL}/image": image.reference,
            f"{LABEL}/image-digest": image.digest, f"{LABEL}/stack": lock.stack}
@@ -270,7 +270,7 @@ def pod_spec(lock: Lock, image: ImageRef, opts: RenderOptions, *, extra_args: tu
 def _meta(lock: Lock, image: ImageRef, opts: RenderOptions, name: str) -> Any:
     return k8s.V1ObjectMeta(name=name, namespace=opts.namespace,
                             labels=labels(lock, name_of(lock)),
-                            annotations=annotations(lock, image))
+                            annotations=pin_annotations(lock, image))
 
 
 def deployment(lock: Lock, image: ImageRef, opts: RenderOptions) -> Any:
@@ -284,7 +284,7 @@ def deployment(lock: Lock, image: ImageRef, opts: RenderOptions) -> Any:
             selector=k8s.V1LabelSelector(match_labels=selector(name)),
             template=k8s.V1PodTemplateSpec(
                 metadata=k8s.V1ObjectMeta(labels=labels(lock, name),
-                                          annotations=annotations(lock, image)),
+                                          annotations=pin_annotations(lock, image)),
                 spec=pod_spec(lock, image, opts))))
 
 
@@ -298,17 +298,14 @@ def leader_worker_set(lock: Lock, image: ImageRef, opts: RenderOptions) -> dict[
     name = name_of(lock)
     nodes = int(lock.target.get("nodes", 1))
     join = ("--nnodes", str(nodes), "--master-addr", "$(LWS_LEADER_ADDRESS)")
-    api = k8s.ApiClient()
-
     def template(args: tuple[str, ...], serves: bool) -> dict[str, Any]:
         tmpl = k8s.V1PodTemplateSpec(
             metadata=k8s.V1ObjectMeta(labels=labels(lock, name),
-                                      annotations=annotations(lock, image)),
+                                      annotations=pin_annotations(lock, image)),
             spec=pod_spec(lock, image, opts, extra_args=args, serves=serves))
-        out: dict[str, Any] = api.sanitize_for_serialization(tmpl)
-        return out
+        return to_data(tmpl)
 
-    meta: dict[str, Any] = api.sanitize_for_serialization(_meta(lock, image, opts, name))
+    meta = to_data(_meta(lock, image, opts, name))
     return {
         "apiVersion": LWS_API, "kind": "LeaderWorkerSet", "metadata": meta,
         "spec": {
@@ -353,7 +350,7 @@ def weights_claim(lock: Lock, image: ImageRef, opts: RenderOptions) -> Any | Non
             name=claim_name(lock, opts), namespace=opts.namespace,
             labels={k: v for k, v in labels(lock, name_of(lock)).items()
                     if not k.startswith(PART_LABEL)} | {"app.kubernetes.io/component": "weights"},
-            annotations={k: v for k, v in annotations(lock, image).items()
+            annotations={k: v for k, v in pin_annotations(lock, image).items()
                          if k == f"{LABEL}/weights"}),
         spec=k8s.V1PersistentVolumeClaimSpec(
             access_modes=["ReadWriteMany" if pods > 1 else "ReadWriteOnce"],
@@ -364,7 +361,7 @@ def weights_claim(lock: Lock, image: ImageRef, opts: RenderOptions) -> Any | Non
 
 def to_data(obj: Any) -> dict[str, Any]:
     """A client model (or a dict of them) as plain JSON data, ``None`` fields dropped."""
-    data: dict[str, Any] = k8s.ApiClient().sanitize_for_serialization(obj)
+    data: dict[str, Any] = k8s.ApiClient().sanitize_for_serialization(obj)  # type: ignore[no-untyped-call]
     return data
 
 

@@ -108,8 +108,8 @@ def _number(value: Any, src: Path, field: str, *, integer: bool = False) -> floa
     return number
 
 
-def import_rows(trial: Trial, digest: str, src: Path, existing: list[StartRecord]
-                ) -> list[StartRecord]:
+def import_rows(trial: Trial, digest: str, src: Path, existing: list[StartRecord],
+                rows: list[dict[str, Any]] | None = None) -> list[StartRecord]:
     """Rows of a CSV/JSON file as start records, each checked against the sealed plan.
 
     Required per row: ``start``, ``arm``, ``digest`` (the lock digest that was served) and
@@ -119,7 +119,7 @@ def import_rows(trial: Trial, digest: str, src: Path, existing: list[StartRecord
     order = {s.start: s for s in trial.order}
     done = {r.start for r in existing if r.status == "ok"}
     out: list[StartRecord] = []
-    for i, row in enumerate(_rows(src)):
+    for i, row in enumerate(_rows(src) if rows is None else rows):
         where = f"starts[{i}]"
         start_no = _number(row.get("start"), src, f"{where}.start", integer=True)
         if start_no is None:
@@ -159,13 +159,22 @@ def import_rows(trial: Trial, digest: str, src: Path, existing: list[StartRecord
             start=start, block=sealed.block, arm=sealed.arm, digest=served, image=image,
             trial=digest,
             status="ok", value=value, started=row.get("started") or None,
-            finished=row.get("finished") or None, source=f"record:{src.name}"))
+            finished=row.get("finished") or None, source=f"record:{src.name}",
+            ready=row.get("ready") or None,
+            metrics=m if isinstance(m := row.get("metrics"), dict) else {},
+            stack=st if isinstance(st := row.get("stack"), str) else None))
     return out
 
 
 def record_file(trial_file: Path, trial: Trial, digest: str, src: Path) -> list[StartRecord]:
     """Import a results file for the sealed plan; nothing is written if any row is refused."""
     path = results_path(trial_file)
-    new = import_rows(trial, digest, src, read_results(path))
+    if src.is_dir() or src.suffix == ".log":  # the output of `frank trial render`'s Jobs
+        from frank.trial.joblogs import job_rows
+
+        existing = read_results(path)
+        new = import_rows(trial, digest, src, existing, job_rows(trial, digest, src, existing))
+    else:
+        new = import_rows(trial, digest, src, read_results(path))
     append(path, new)
     return new
