@@ -150,7 +150,7 @@ def node_selector(lock: Lock) -> dict[str, str]:
 def _port(lock: Lock) -> int:
     host = lock.flags.get("host")
     if isinstance(host, str) and host in _LOOPBACK:
-        raise FrankError(f"flags.host is {host}: in a pod the probes and the Service reach the "
+        raise FrankError(f"{host}: in a pod the probes and the Service reach the "
                          "pod's IP, so the engine must listen on it; set host = \"0.0.0.0\" in "
                          "the stack (or in a stack that extends it)", field="flags.host")
     port = lock.flags.get("port", 8000)
@@ -331,8 +331,13 @@ def service(lock: Lock, image: ImageRef, opts: RenderOptions) -> Any:
     select = selector(name)
     if int(lock.target.get("nodes", 1)) > 1:
         select = {**select, LWS_WORKER_INDEX: "0"}
+    # only the stack's name: a new image or part version leaves the Service as it is
+    meta = k8s.V1ObjectMeta(
+        name=name, namespace=opts.namespace,
+        labels={k: v for k, v in labels(lock, name).items() if not k.startswith(PART_LABEL)},
+        annotations={f"{LABEL}/stack": lock.stack})
     return k8s.V1Service(
-        api_version="v1", kind="Service", metadata=_meta(lock, image, opts, name),
+        api_version="v1", kind="Service", metadata=meta,
         spec=k8s.V1ServiceSpec(type="ClusterIP", selector=select, ports=[k8s.V1ServicePort(
             name=HTTP, port=_port(lock), target_port=HTTP, protocol="TCP")]))
 
