@@ -37,13 +37,18 @@ def k8s(stack: str, out_dir: Path | None, registry: str | None, namespace: str |
     Refused, in one line saying what to run, when the stack's current lock has no pushed
     image. Apply the directory with `kubectl apply -f DIR`, or commit it for Argo CD / Flux.
     """
+    from frank.errors import FrankError
     from frank.image.pushes import pushed_image
     from frank.image.registry import check_repository
     from frank.project import lock_stack, repo_root_for
     from frank.render.files import render_files, write_dir
-    from frank.render.k8s import ImageRef, RenderOptions, render_objects, stream
-
-    from frank.errors import FrankError
+    from frank.render.k8s import (
+        ImageRef,
+        RenderOptions,
+        check_renderable,
+        render_objects,
+        stream,
+    )
 
     if registry is not None:
         try:
@@ -54,11 +59,12 @@ def k8s(stack: str, out_dir: Path | None, registry: str | None, namespace: str |
     locked = lock_stack(stack)
     lock = locked.lock
     root = repo_root_for(locked.lock_file)
-    push = pushed_image(root, locked.lock_file.stem, lock.digest, registry)
-    image = ImageRef(repository=push.repository, digest=push.digest)
     opts = RenderOptions(namespace=namespace, weights_size=weights_size,
                          storage_class=storage_class, weights_claim=weights_claim,
                          ready_timeout=ready_timeout, offline_weights=offline_weights)
+    check_renderable(lock, opts)
+    push = pushed_image(root, locked.lock_file.stem, lock.digest, registry)
+    image = ImageRef(repository=push.repository, digest=push.digest)
     objects = render_objects(lock, image, opts)
     if out_dir is None:
         click.echo(stream(lock, objects), nl=False)

@@ -157,7 +157,7 @@ def render_cmd(name: str, workload: str, out_dir: Path | None, registry: str | N
     from frank.image.pushes import pushed_image
     from frank.lock import Lock
     from frank.render.files import render_files, write_dir
-    from frank.render.k8s import ImageRef, RenderOptions, stream, to_data
+    from frank.render.k8s import ImageRef, RenderOptions, check_renderable, stream, to_data
     from frank.render.k8s import weights_claim as claim_of
     from frank.render.trialjobs import JobOptions, trial_jobs
     from frank.trial.model import repo_of, trial_path
@@ -168,14 +168,16 @@ def render_cmd(name: str, workload: str, out_dir: Path | None, registry: str | N
     sealed, digest = load_sealed(path)
     root = repo_of(path)
     locks = {arm: Lock.model_validate(data) for arm, data in current_locks(sealed, path).items()}
+    opts = RenderOptions(namespace=namespace, weights_size=weights_size,
+                         storage_class=storage_class, weights_claim=weights_claim,
+                         ready_timeout=ready_timeout)
+    for lock in locks.values():
+        check_renderable(lock, opts)
     images = {}
     for arm, lock in locks.items():
         stem = Path(getattr(sealed.arms, arm).stack).stem
         push = pushed_image(root, stem, lock.digest, registry)
         images[arm] = ImageRef(repository=push.repository, digest=push.digest)
-    opts = RenderOptions(namespace=namespace, weights_size=weights_size,
-                         storage_class=storage_class, weights_claim=weights_claim,
-                         ready_timeout=ready_timeout)
     jobs = trial_jobs(sealed, digest, locks, images, opts,
                       JobOptions(workload=workload, workload_image=workload_image,
                                  workload_timeout=workload_timeout, node=node))

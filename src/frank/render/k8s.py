@@ -91,6 +91,13 @@ def check_options(opts: RenderOptions) -> None:
         raise FrankError("must be more than 0 seconds", field="--ready-timeout")
 
 
+def check_renderable(lock: Lock, opts: RenderOptions) -> None:
+    """What a stack or the options get wrong, found before any image is looked for."""
+    check_options(opts)
+    labels(lock, name_of(lock))
+    _port(lock)
+
+
 def name_of(lock: Lock) -> str:
     """The objects' name: the stack's name, which must be a DNS label."""
     name = lock.stack.replace(".", "-").replace("_", "-")
