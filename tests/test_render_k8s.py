@@ -248,3 +248,22 @@ def test_wrong_inputs_are_one_line(repo: Path, tmp_path: Path) -> None:
     stack.write_text(stack.read_text().replace("\nnodes = 0", ""))
     res = frank("render", "k8s", "served", cwd=repo)
     assert res.code == 2 and "out/pushes.jsonl: line 1: not valid JSON" in res.err, res.err
+
+
+def test_launcher_fetch_only_checks_the_weights(tmp_path: Path, capsys: object) -> None:
+    """The init step (`frank-launch --fetch-only`) checks every sha256 and starts nothing."""
+    import hashlib
+
+    from frank import launch
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    spec = {"name": "w", "path": str(folder),
+            "files": {"config.json": hashlib.sha256(b"{}").hexdigest()}}
+    lock = tmp_path / "frank.lock"
+    lock.write_text(json.dumps({"parts": [{"kind": "weights", "spec": spec}], "env": {},
+                                "plugins": [], "flags": {}, "command": ["no-such-engine"]}))
+    assert launch.main(["--lock", str(lock), "--fetch-only"]) == 0
+    (folder / "config.json").write_text("{ }")
+    assert launch.main(["--lock", str(lock), "--fetch-only"]) == 2

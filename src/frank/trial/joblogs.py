@@ -107,6 +107,19 @@ def job_rows(trial: Trial, digest: str, src: Path, existing: list[StartRecord]
             raise FrankError(f"start {start} is also in {seen[start].name}", file=path,
                              field="start")
         seen[start] = path
+        sealed = next((s for s in trial.order if s.start == start), None)
+        if sealed is None:
+            raise FrankError(f"extra start: the sealed order has starts 1-{len(trial.order)}",
+                             file=path, field="start")
+        if (res.arm, res.block) != (sealed.arm, str(sealed.block)):
+            raise FrankError(f"{where} is arm {sealed.arm} in block {sealed.block} in the "
+                             f"sealed order, the Job says arm {res.arm} in block {res.block}",
+                             file=path, field="arm")
+        expected = getattr(trial.arms, sealed.arm).digest
+        if res.lock_digest != expected:
+            raise FrankError(f"results for a stack whose lock changed since sealing: arm "
+                             f"{sealed.arm} was sealed as {expected}, {where} served "
+                             f"{res.lock_digest}", file=path, field="lock_digest")
         if res.status != "ok":
             raise FrankError(f"{where} crashed in its Job: {res.error}; delete the Job, apply "
                              "it again and collect its log", file=path, field="status")
