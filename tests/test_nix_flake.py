@@ -30,7 +30,8 @@ pytestmark = pytest.mark.skipif(NIX is None, reason="nix not installed (apt-get 
 STUB_PACKAGES = ["buildah", "skopeo", "umoci", "debootstrap", "distribution", "git",
                  "gnupatch", "shellcheck", "nix"]
 STUB_PYTHON_PACKAGES = ["setuptools", "pydantic", "click", "tomlkit", "rich", "pytest",
-                        "huggingface-hub", "packaging", "installer", "uv", "python-debian"]
+                        "huggingface-hub", "packaging", "installer", "uv", "python-debian",
+                        "kubernetes", "pyyaml", "jsonschema"]
 STUB_CUDA_PACKAGES = ["cuda_nvcc", "cuda_cudart", "cuda_cccl"]
 
 STUB_NIXPKGS_FLAKE = """{
@@ -274,7 +275,7 @@ def test_package_and_dev_shell_are_what_the_flake_promises(nix: Nix, stubs: dict
     assert name == "frank-0.1.0"
     deps = nix.eval_json(flake, stubs, "packages.x86_64-linux.frank.dependencyNames")
     assert deps == ["pydantic", "click", "tomlkit", "rich", "packaging", "installer", "uv",
-                    "python-debian"]
+                    "python-debian", "kubernetes", "pyyaml", "jsonschema"]
     assert nix.eval_json(flake, stubs, "packages.x86_64-linux.frank.meta.mainProgram") == "frank"
     # The dev shell: Python 3.11, nvcc, the image tools and the test registry.
     shell = "devShells.x86_64-linux.default"
