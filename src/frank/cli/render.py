@@ -41,7 +41,7 @@ def k8s(stack: str, out_dir: Path | None, registry: str | None, namespace: str |
     from frank.image.pushes import pushed_image
     from frank.image.registry import check_repository
     from frank.project import lock_stack, repo_root_for
-    from frank.render.files import render_files, write_dir
+    from frank.render.files import render_files, report, write_dir
     from frank.render.k8s import (
         ImageRef,
         RenderOptions,
@@ -70,9 +70,7 @@ def k8s(stack: str, out_dir: Path | None, registry: str | None, namespace: str |
         click.echo(stream(lock, objects), nl=False)
         return
     changed, removed = write_dir(out_dir, render_files(lock, objects))
-    for name in changed:
-        click.echo(f"wrote {out_dir / name}")
-    for name in removed:
-        click.echo(f"removed {out_dir / name} (no longer rendered)")
+    for line in report(out_dir, changed, removed):
+        click.echo(line)
     if not changed and not removed:
         click.echo(f"{out_dir}: up to date ({image.reference})")

@@ -156,7 +156,7 @@ def render_cmd(name: str, workload: str, out_dir: Path | None, registry: str | N
     """
     from frank.image.pushes import pushed_image
     from frank.lock import Lock
-    from frank.render.files import render_files, write_dir
+    from frank.render.files import render_files, report, write_dir
     from frank.render.k8s import ImageRef, RenderOptions, check_renderable, stream, to_data
     from frank.render.k8s import weights_claim as claim_of
     from frank.render.trialjobs import JobOptions, trial_jobs
@@ -192,11 +192,8 @@ def render_cmd(name: str, workload: str, out_dir: Path | None, registry: str | N
     if out_dir is None:
         click.echo(stream(lock_a, objects), nl=False)
         return
-    changed, removed = write_dir(out_dir, render_files(lock_a, objects))
-    for fname in changed:
-        click.echo(f"wrote {out_dir / fname}")
-    for fname in removed:
-        click.echo(f"removed {out_dir / fname} (no longer rendered)")
+    for line in report(out_dir, *write_dir(out_dir, render_files(lock_a, objects))):
+        click.echo(line)
     click.echo(f"{len(jobs)} Jobs for {sealed.name} ({digest}); run them one at a time in "
                "the sealed order")
 

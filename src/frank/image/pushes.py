@@ -9,15 +9,13 @@ state of ``out/<stack>/``, so a recompose that gives the same image keeps its pu
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from frank.errors import FrankError
-from frank.fsutil import write_atomic
+from frank.jsonl import append_models, read_models
 from frank.kinds.base import Strict
-from frank.tomlio import validation_to_error
 
 DIGEST = r"^sha256:[0-9a-f]{64}$"
 
@@ -45,32 +43,12 @@ def pushes_path(root: Path) -> Path:
 
 def read_pushes(root: Path) -> list[PushRecord]:
     """Every recorded push, oldest first; a bad line is an error naming the line."""
-    path = pushes_path(root)
-    if not path.is_file():
-        return []
-    out = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            out.append(PushRecord.model_validate(json.loads(line)))
-        except json.JSONDecodeError as exc:
-            raise FrankError(f"not valid JSON: {exc.msg}", file=path, field=f"line {n}") from None
-        except ValidationError as exc:
-            err = validation_to_error(exc, path)
-            err.field = f"line {n}.{err.field}" if err.field else f"line {n}"
-            raise err from None
-    return out
+    return read_models(pushes_path(root), PushRecord)
 
 
 def record_push(root: Path, record: PushRecord) -> None:
-    """Append one push (the old lines plus the new one, renamed into place)."""
-    path = pushes_path(root)
-    old = path.read_text(encoding="utf-8") if path.is_file() else ""
-    if old and not old.endswith("\n"):
-        old += "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, old + json.dumps(record.model_dump(mode="json"), sort_keys=True) + "\n")
+    """Append one push."""
+    append_models(pushes_path(root), [record])
 
 
 def pushed_image(root: Path, stack: str, lock_digest: str, registry: str | None) -> PushRecord:

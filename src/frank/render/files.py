@@ -51,3 +51,9 @@ def write_dir(out_dir: Path, files: dict[str, str]) -> tuple[list[str], list[str
         write_atomic(path, text)
         changed.append(name)
     return changed, removed
+
+
+def report(out_dir: Path, changed: list[str], removed: list[str]) -> list[str]:
+    """What ``write_dir`` did, one line per file."""
+    return [*(f"wrote {out_dir / n}" for n in changed),
+            *(f"removed {out_dir / n} (no longer rendered)" for n in removed)]

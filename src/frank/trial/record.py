@@ -15,12 +15,11 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from frank.errors import FrankError
-from frank.fsutil import write_atomic
+from frank.jsonl import append_models, read_models
 from frank.kinds.base import Strict
-from frank.tomlio import validation_to_error
 from frank.trial.model import Trial, results_path
 
 IMAGE_DIGEST = r"^sha256:[0-9a-f]{64}$"
@@ -48,33 +47,12 @@ class StartRecord(Strict):
 
 def read_results(path: Path) -> list[StartRecord]:
     """Every recorded start, in file order; a bad line is an error naming the line."""
-    if not path.is_file():
-        return []
-    out = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            raw = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise FrankError(f"not valid JSON: {exc.msg}", file=path, field=f"line {n}") from None
-        try:
-            out.append(StartRecord.model_validate(raw))
-        except ValidationError as exc:
-            err = validation_to_error(exc, path)
-            err.field = f"line {n}.{err.field}" if err.field else f"line {n}"
-            raise err from None
-    return out
+    return read_models(path, StartRecord)
 
 
 def append(path: Path, records: list[StartRecord]) -> None:
     """Append records atomically (the old content plus the new lines, renamed into place)."""
-    old = path.read_text(encoding="utf-8") if path.is_file() else ""
-    if old and not old.endswith("\n"):
-        old += "\n"
-    lines = "".join(json.dumps(r.model_dump(mode="json", exclude_defaults=False),
-                               sort_keys=True) + "\n" for r in records)
-    write_atomic(path, old + lines)
+    append_models(path, records)
 
 
 def _rows(src: Path) -> list[dict[str, Any]]:
