@@ -17,7 +17,11 @@ from frank.errors import FrankError
               help="OCI layout of the composed image (default: out/<stack>/image).")
 @click.option("--tag", "tags", multiple=True, help="Extra tag (repeatable).")
 def push(stack: str, to: str, layout: Path | None, tags: tuple[str, ...]) -> None:
-    """Push STACK's image to HOST/REPO by digest, then tag it: stack name, lock-<digest>."""
+    """Push STACK's image to HOST/REPO by digest, then tag it: stack name, lock-<digest>.
+
+    The push is recorded in out/pushes.jsonl (lock digest, repository, the registry's
+    digest): `frank render k8s` deploys exactly that.
+    """
     from frank.image.oci import read_layout
     from frank.image.pushes import PushRecord, record_push
     from frank.image.registry import LOCK_DIGEST_KEY, default_tags, push_layout, tag_for_stack

@@ -398,10 +398,24 @@ def render_objects(lock: Lock, image: ImageRef, opts: RenderOptions | None = Non
     return out
 
 
+class _Dumper(yaml.SafeDumper):
+    """PyYAML's safe dumper, writing a string of several lines as a literal block (``|``),
+    so a program in a container's args reads as a program."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value and not any(c in value for c in "\t\r") \
+        and value == value.rstrip(" ") else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
 def dump_yaml(obj: dict[str, Any]) -> str:
     """One object as YAML: sorted keys, block style, no line folding: the same bytes always."""
-    return yaml.safe_dump(obj, sort_keys=True, default_flow_style=False, width=1 << 30,
-                          allow_unicode=False, explicit_start=False)
+    return yaml.dump(obj, Dumper=_Dumper, sort_keys=True, default_flow_style=False,
+                     width=1 << 30, allow_unicode=False, explicit_start=False)
 
 
 def file_name(obj: dict[str, Any]) -> str:
