@@ -31,7 +31,8 @@ STUB_PACKAGES = ["buildah", "skopeo", "umoci", "gnupg", "distribution", "git",
                  "gnupatch", "shellcheck", "nix"]
 STUB_PYTHON_PACKAGES = ["setuptools", "pydantic", "click", "tomlkit", "rich", "pytest",
                         "huggingface-hub", "packaging", "installer", "uv", "python-debian",
-                        "cyclonedx-python-lib", "in-toto-attestation", "cryptography"]
+                        "cyclonedx-python-lib", "in-toto-attestation", "cryptography",
+                        "kubernetes", "pyyaml", "jsonschema"]
 STUB_CUDA_PACKAGES = ["cuda_nvcc", "cuda_cudart", "cuda_cccl"]
 
 STUB_NIXPKGS_FLAKE = """{
@@ -276,7 +277,7 @@ def test_package_and_dev_shell_are_what_the_flake_promises(nix: Nix, stubs: dict
     deps = nix.eval_json(flake, stubs, "packages.x86_64-linux.frank.dependencyNames")
     assert deps == ["pydantic", "click", "tomlkit", "rich", "packaging", "installer", "uv",
                     "python-debian", "cyclonedx-python-lib", "in-toto-attestation",
-                    "cryptography"]
+                    "cryptography", "kubernetes", "pyyaml", "jsonschema"]
     assert nix.eval_json(flake, stubs, "packages.x86_64-linux.frank.meta.mainProgram") == "frank"
     # The dev shell: Python 3.11, nvcc, the image tools and the test registry.
     shell = "devShells.x86_64-linux.default"

@@ -319,6 +319,23 @@ def run(lock: dict[str, Any], *, print_only: bool, cache_dir: str | None, ready_
     return proc.wait()
 
 
+def fetch_only(lock: dict[str, Any], cache_dir: str | None) -> int:
+    """Fetch or find the lock's weights at their pinned revision and check every sha256;
+    the engine is not started (nor looked for)."""
+    spec = weights_part(lock)
+    if spec is None:
+        print("frank: no weights part in the lock: nothing to fetch", file=sys.stderr)
+        return 0
+    env = engine_env(lock, dict(os.environ))
+    # Fetching is this step's job: the caller's HF_HUB_OFFLINE decides, not the stack's
+    # (which is for the engine); unset, the hub is asked for what the cache lacks.
+    env["HF_HUB_OFFLINE"] = os.environ.get("HF_HUB_OFFLINE", "0")
+    folder = fetch_weights(spec, cache_dir, env)
+    print(f"frank: weights verified: {spec['name']}: {len(spec.get('files') or {})} files "
+          f"match the lock's sha256 in {folder}", file=sys.stderr, flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the image (``frank-launch --lock FILE [--print]``)."""
     parser = argparse.ArgumentParser(prog="frank-launch")
@@ -330,12 +347,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ready-timeout", type=float, default=600.0)
     parser.add_argument("--check", action="store_true",
                         help="run the parts' import checks and exit (0 when all pass)")
+    parser.add_argument("--fetch-only", action="store_true",
+                        help="fetch (or find) the pinned weights, check every sha256, exit: "
+                             "a Kubernetes init step filling the hub cache volume")
     args = parser.parse_args(argv)
     try:
         lock = json.loads(Path(args.lock).read_text(encoding="utf-8"))
         if args.check:
             run_checks(lock, engine_env(lock, dict(os.environ)))
             return 0
+        if args.fetch_only:
+            return fetch_only(lock, args.cache_dir)
         return run(lock, print_only=args.print_only, cache_dir=args.cache_dir,
                    ready_timeout=args.ready_timeout)
     except (LaunchError, OSError, json.JSONDecodeError) as exc:

@@ -159,7 +159,7 @@ def build_lock(resolved: Resolved, python_closure: dict[str, str] | None = None,
         digest_parts.append({"name": m.part.name, "key": key})
     body = {
         "model": resolved.stack.model.model_dump(mode="json"),
-        "target": resolved.stack.target.model_dump(mode="json"),
+        "target": resolved.stack.target.model_dump(mode="json", exclude_defaults=True),
         "base_image": resolved.base_image,
         "command": resolved.stack.command,
         "flags": resolved.flags,

@@ -52,7 +52,12 @@ class Target(Strict):
     """The machine the stack is built for (``arch = "cpu"`` for CPU-only smoke stacks)."""
 
     arch: Arch | Literal["cpu"]
-    gpus: int = Field(ge=0)
+    gpus: int = Field(ge=0)  # per node: one pod's ``nvidia.com/gpu`` limit
+    # Kubernetes shape (``frank render k8s``): pods per engine group (more than one: a
+    # LeaderWorkerSet) and copies of the engine. Locked only when set to something other
+    # than 1, so stacks that say nothing keep their digest.
+    nodes: int = Field(default=1, ge=1, le=64)
+    replicas: int = Field(default=1, ge=0, le=1000)
 
 
 class ImageChoice(Strict):

@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "parts": "frank.cli.parts:parts",
     "pin": "frank.cli.pin:pin",
     "push": "frank.cli.push:push",
+    "render": "frank.cli.render:render",
     "revert": "frank.cli.revert:revert",
     "run": "frank.cli.run:run_cmd",
     "serve": "frank.cli.serve:serve",
@@ -56,6 +57,7 @@ SUMMARIES: dict[str, str] = {
     "pin": "Resolve PART@VERSION's tag/branch/release into a content pin in its manifest.",
     "push": "Push STACK's image to HOST/REPO by digest, then tag it: stack name, "
             "lock-<digest>.",
+    "render": "Render a stack's lock for a deployment system (objects, not a controller).",
     "revert": "Take PART one step back in STACK: remove it or return it to its earlier "
               "version.",
     "run": "Run the image of STACK_OR_LAYOUT; ARGS after `--` go to its entrypoint.",

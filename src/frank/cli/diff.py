@@ -31,14 +31,39 @@ def _label(field: str) -> str:
     return field
 
 
+def _print_k8s(k8s: dict[str, object], a: str, b: str) -> None:
+    unrendered = k8s["unrendered"]
+    assert isinstance(unrendered, dict)
+    for side, why in unrendered.items():
+        click.echo(f"k8s: {a if side == 'a' else b} does not render: {why}")
+    objects = k8s["objects"]
+    assert isinstance(objects, list)
+    if objects:
+        rows = []
+        for o in objects:
+            # what the pods run first, then metadata
+            fields = sorted(o["fields"], key=lambda f: (f.startswith("metadata"), f))
+            shown = ", ".join(fields[:4]) + (f" (+{len(fields) - 4} more)" if len(fields) > 4
+                                             else "")
+            rows.append([o["kind"], o["state"], o["a"] or "-", o["b"] or "-", shown])
+        print_table("kubernetes objects", ["kind", "state", a, b, "fields that change"], rows)
+
+
 @click.command()
 @click.argument("a")
 @click.argument("b")
 @click.option("--exit-code", is_flag=True, help="Exit 1 when the two differ.")
+@click.option("--k8s", "with_k8s", is_flag=True,
+              help="Also the Kubernetes objects `frank render k8s` would change, and how.")
 @json_option
-def diff(a: str, b: str, exit_code: bool, as_json: bool) -> None:
+def diff(a: str, b: str, exit_code: bool, with_k8s: bool, as_json: bool) -> None:
     """Show what differs between A and B (stack names, stack paths or .lock files)."""
     result = memo.answer("diff", [a, b], lambda: diff_answer(a, b))
+    if with_k8s:
+        from frank.project import load_lock_any
+        from frank.render.objdiff import diff_objects
+
+        result = {**result, "k8s": diff_objects(load_lock_any(a), load_lock_any(b))}
     if as_json:
         emit_json(result)
     else:
@@ -71,5 +96,7 @@ def diff(a: str, b: str, exit_code: bool, as_json: bool) -> None:
         print_table("image layers", ["layer", "state", a, b],
                     [[x["layer"], x["state"], _short(x["old"] and x["old"][:16]),
                       _short(x["new"] and x["new"][:16])] for x in result["layers"]])
+        if with_k8s:
+            _print_k8s(result["k8s"], a, b)
     if exit_code and not result["same"]:
         raise SystemExit(1)

@@ -1,8 +1,9 @@
-"""``frank push STACK --to HOST/REPO``: push the stack's image by digest, tag it, and push
-the attestations ``frank attest`` attached to it as referrers."""
+"""``frank push STACK --to HOST/REPO``: push the stack's image by digest, tag it, push the
+attestations ``frank attest`` attached to it as referrers, and record the push."""
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 
 import click
@@ -24,22 +25,32 @@ def push(stack: str, to: str, layout: Path | None, tags: tuple[str, ...],
 
     Attestations in the layout (`frank attest`) follow as referrers: through the registry's
     referrers API where it has one, else listed under the tag sha256-<image digest hex>;
-    and, for cosign, under its tag sha256-<image digest hex>.att.
+    and, for cosign, under its tag sha256-<image digest hex>.att. The push is recorded in
+    out/pushes.jsonl (lock digest, repository, the registry's digest): `frank render k8s`
+    deploys exactly that.
     """
     from frank.attest.layout import read_referrers
     from frank.attest.remote import push_cosign_tag, push_referrers
-    from frank.image.registry import default_tags, push_layout
+    from frank.image.oci import read_layout
+    from frank.image.pushes import PushRecord, record_push
+    from frank.image.registry import LOCK_DIGEST_KEY, default_tags, push_layout, tag_for_stack
+    from frank.project import repo_root_for, stack_path
 
+    root = repo_root_for()
     if layout is None:
-        from frank.project import repo_root_for, stack_path
-
-        root = repo_root_for()
         layout = root / "out" / stack_path(stack, root).stem / "image"
 
     if not layout.is_dir():
         raise FrankError("no composed image here; run frank compose first", file=layout)
     all_tags = list(dict.fromkeys([*default_tags(layout, stack), *tags]))
     result = push_layout(layout, to, all_tags)
+    info = read_layout(layout, verify_layers=False)
+    lock_digest = info.annotations.get(LOCK_DIGEST_KEY) or info.labels.get(LOCK_DIGEST_KEY)
+    if lock_digest:  # what `frank render k8s` deploys: the registry's digest of this lock
+        record_push(root, PushRecord(stack=tag_for_stack(stack), lock_digest=lock_digest,
+                                     repository=result.repository, digest=result.digest,
+                                     tags=result.tags,
+                                     time=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")))
     click.echo(result.reference)
     for t in result.tags:
         click.echo(f"{result.repository}:{t}")

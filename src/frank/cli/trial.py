@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -123,11 +124,86 @@ def run(name: str, workload: str, ready_timeout: float, workload_timeout: float,
         sys.exit(1)
 
 
+@trial.command("render")
+@click.argument("name")
+@click.option("--workload", required=True,
+              help="Shell command each start's Job runs against its engine (as for run).")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
+              help="Write one file per Job here (default: one stream on stdout).")
+@click.option("--registry", default=None, metavar="HOST/REPO",
+              help="Use the arms' images pushed there (default: each lock's latest push).")
+@click.option("--namespace", default=None, help="metadata.namespace of every object.")
+@click.option("--node", default=None,
+              help="Run every start on this node (kubernetes.io/hostname), as a local trial "
+                   "runs every start on one machine.")
+@click.option("--workload-image", default=None,
+              help="Image of the workload container (default: the arm's image).")
+@click.option("--weights-size", default="200Gi", show_default=True)
+@click.option("--storage-class", default=None)
+@click.option("--weights-claim", default=None, help="An existing claim holding the weights.")
+@click.option("--ready-timeout", type=float, default=1800.0, show_default=True)
+@click.option("--workload-timeout", type=float, default=3600.0, show_default=True)
+def render_cmd(name: str, workload: str, out_dir: Path | None, registry: str | None,
+               namespace: str | None, node: str | None, workload_image: str | None,
+               weights_size: str, storage_class: str | None, weights_claim: str | None,
+               ready_timeout: float, workload_timeout: float) -> None:
+    """One Kubernetes Job per start of the sealed order (and the arms' weights claims).
+
+    Each Job is the arm's engine pod (its pushed image by digest, the same weights check,
+    GPUs and probes) with the workload beside it; the start's seal and order are its
+    annotations. Run the Jobs one at a time in order and collect each one's log (`kubectl
+    logs job/NAME -c workload > DIR/NAME.log`); `frank trial record NAME DIR` imports them.
+    """
+    from frank.image.pushes import pushed_image
+    from frank.lock import Lock
+    from frank.render.files import render_files, report, write_dir
+    from frank.render.k8s import ImageRef, RenderOptions, check_renderable, stream, to_data
+    from frank.render.k8s import weights_claim as claim_of
+    from frank.render.trialjobs import JobOptions, trial_jobs
+    from frank.trial.model import repo_of, trial_path
+    from frank.trial.run import current_locks
+    from frank.trial.seal import load_sealed
+
+    path = trial_path(name)
+    sealed, digest = load_sealed(path)
+    root = repo_of(path)
+    locks = {arm: Lock.model_validate(data) for arm, data in current_locks(sealed, path).items()}
+    opts = RenderOptions(namespace=namespace, weights_size=weights_size,
+                         storage_class=storage_class, weights_claim=weights_claim,
+                         ready_timeout=ready_timeout)
+    for lock in locks.values():
+        check_renderable(lock, opts)
+    images = {}
+    for arm, lock in locks.items():
+        stem = Path(getattr(sealed.arms, arm).stack).stem
+        push = pushed_image(root, stem, lock.digest, registry)
+        images[arm] = ImageRef(repository=push.repository, digest=push.digest)
+    jobs = trial_jobs(sealed, digest, locks, images, opts,
+                      JobOptions(workload=workload, workload_image=workload_image,
+                                 workload_timeout=workload_timeout, node=node))
+    claims: dict[str, dict[str, Any]] = {}
+    for arm in ("A", "B"):
+        claim = claim_of(locks[arm], images[arm], opts)
+        if claim is not None:
+            data = to_data(claim)
+            claims.setdefault(data["metadata"]["name"], data)
+    objects = [*claims.values(), *jobs]
+    lock_a = locks["A"]
+    if out_dir is None:
+        click.echo(stream(lock_a, objects), nl=False)
+        return
+    for line in report(out_dir, *write_dir(out_dir, render_files(lock_a, objects))):
+        click.echo(line)
+    click.echo(f"{len(jobs)} Jobs for {sealed.name} ({digest}); run them one at a time in "
+               "the sealed order")
+
+
 @trial.command()
 @click.argument("name")
 @click.argument("results", type=click.Path(path_type=Path))
 def record(name: str, results: Path) -> None:
-    """Import starts measured elsewhere (CSV or JSON) for the same sealed plan."""
+    """Import starts measured elsewhere for the same sealed plan: a CSV or JSON file, or the
+    logs of the Jobs `frank trial render` made (a .log file or a folder of them)."""
     from frank.trial.model import trial_path
     from frank.trial.record import record_file
     from frank.trial.seal import load_sealed

@@ -15,12 +15,11 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from frank.errors import FrankError
-from frank.fsutil import write_atomic
+from frank.jsonl import append_models, read_models
 from frank.kinds.base import Strict
-from frank.tomlio import validation_to_error
 from frank.trial.model import Trial, results_path
 
 IMAGE_DIGEST = r"^sha256:[0-9a-f]{64}$"
@@ -48,33 +47,12 @@ class StartRecord(Strict):
 
 def read_results(path: Path) -> list[StartRecord]:
     """Every recorded start, in file order; a bad line is an error naming the line."""
-    if not path.is_file():
-        return []
-    out = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            raw = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise FrankError(f"not valid JSON: {exc.msg}", file=path, field=f"line {n}") from None
-        try:
-            out.append(StartRecord.model_validate(raw))
-        except ValidationError as exc:
-            err = validation_to_error(exc, path)
-            err.field = f"line {n}.{err.field}" if err.field else f"line {n}"
-            raise err from None
-    return out
+    return read_models(path, StartRecord)
 
 
 def append(path: Path, records: list[StartRecord]) -> None:
     """Append records atomically (the old content plus the new lines, renamed into place)."""
-    old = path.read_text(encoding="utf-8") if path.is_file() else ""
-    if old and not old.endswith("\n"):
-        old += "\n"
-    lines = "".join(json.dumps(r.model_dump(mode="json", exclude_defaults=False),
-                               sort_keys=True) + "\n" for r in records)
-    write_atomic(path, old + lines)
+    append_models(path, records)
 
 
 def _rows(src: Path) -> list[dict[str, Any]]:
@@ -108,8 +86,8 @@ def _number(value: Any, src: Path, field: str, *, integer: bool = False) -> floa
     return number
 
 
-def import_rows(trial: Trial, digest: str, src: Path, existing: list[StartRecord]
-                ) -> list[StartRecord]:
+def import_rows(trial: Trial, digest: str, src: Path, existing: list[StartRecord],
+                rows: list[dict[str, Any]] | None = None) -> list[StartRecord]:
     """Rows of a CSV/JSON file as start records, each checked against the sealed plan.
 
     Required per row: ``start``, ``arm``, ``digest`` (the lock digest that was served) and
@@ -119,7 +97,7 @@ def import_rows(trial: Trial, digest: str, src: Path, existing: list[StartRecord
     order = {s.start: s for s in trial.order}
     done = {r.start for r in existing if r.status == "ok"}
     out: list[StartRecord] = []
-    for i, row in enumerate(_rows(src)):
+    for i, row in enumerate(_rows(src) if rows is None else rows):
         where = f"starts[{i}]"
         start_no = _number(row.get("start"), src, f"{where}.start", integer=True)
         if start_no is None:
@@ -159,13 +137,22 @@ def import_rows(trial: Trial, digest: str, src: Path, existing: list[StartRecord
             start=start, block=sealed.block, arm=sealed.arm, digest=served, image=image,
             trial=digest,
             status="ok", value=value, started=row.get("started") or None,
-            finished=row.get("finished") or None, source=f"record:{src.name}"))
+            finished=row.get("finished") or None, source=f"record:{src.name}",
+            ready=row.get("ready") or None,
+            metrics=m if isinstance(m := row.get("metrics"), dict) else {},
+            stack=st if isinstance(st := row.get("stack"), str) else None))
     return out
 
 
 def record_file(trial_file: Path, trial: Trial, digest: str, src: Path) -> list[StartRecord]:
     """Import a results file for the sealed plan; nothing is written if any row is refused."""
     path = results_path(trial_file)
-    new = import_rows(trial, digest, src, read_results(path))
+    if src.is_dir() or src.suffix == ".log":  # the output of `frank trial render`'s Jobs
+        from frank.trial.joblogs import job_rows
+
+        existing = read_results(path)
+        new = import_rows(trial, digest, src, existing, job_rows(trial, digest, src, existing))
+    else:
+        new = import_rows(trial, digest, src, read_results(path))
     append(path, new)
     return new
