@@ -12,11 +12,13 @@ Measures, side by side in one run on a scratch copy of the repo (whole `frank` p
   cold-2    a second empty cache (the first one's downloads as its mirror, so this box's
             disk holds one copy of the wheels), SOURCE_DATE_EPOCH unset: the same digest
   buildah   quoted from ../shared/BUILD-FACTS.md: the same context through `buildah bud`
-            with RUN pip install took 495 s (Docker Hub, its usual base, is unreachable here)
+            with RUN pip install took 495 s; bench/buildah_pip_bench.py measures buildah
+            side by side with frank on served-cpu's closure (served's needs more disk)
 
 and the image size against the official vllm/vllm-openai image of the same release
 (28.6 GB, vLLM PR #22377). The mhc-overlap patch URL is not reachable from this network,
-so the scratch copy leaves that one part out unless --mirror names a folder holding it.
+so the scratch copy takes that one part back (`frank revert mhc-overlap`) unless --mirror
+names a folder holding it.
 
 Usage: .venv/bin/python bench/hermetic_build_bench.py [--mirror DIR]
        [--noop 5] [--results bench/results/hermetic-build-DATE.md]
@@ -44,7 +46,7 @@ sys.path.insert(0, str(HERE.parent))
 from tests.spine_helpers import copy_repo  # noqa: E402
 
 OFFICIAL_GB = 28.6  # vllm/vllm-openai, vLLM PR #22377
-NO_MHC = " without mhc-overlap (its URL is unreachable here)"
+NO_MHC = " with mhc-overlap reverted (`frank revert mhc-overlap`: its URL is unreachable here)"
 
 
 def frank(repo: Path, cache: Path, *args: str) -> tuple[float, dict]:
@@ -67,11 +69,12 @@ def compose(repo: Path, cache: Path, out: Path, mirror: Path | None) -> tuple[fl
 
 
 def without_mhc(repo: Path) -> None:
-    """Drop mhc-overlap from the served stack and the engine's patch list (scratch only)."""
-    stack = repo / "stacks" / "served.toml"
-    stack.write_text(re.sub(r'(?m)^mhc-overlap = .*\n', "", stack.read_text()))
-    engine = repo / "parts" / "vllm-base" / "v0.24.0.toml"
-    engine.write_text(engine.read_text().replace('patches = ["mhc-overlap"]', "patches = []"))
+    """Take mhc-overlap back in the scratch copy, as a user would: one `frank revert`."""
+    proc = subprocess.run([sys.executable, "-m", "frank", "revert", "mhc-overlap", "--stack",
+                           "stacks/served.toml"], cwd=repo, capture_output=True, text=True,
+                          check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"frank revert mhc-overlap: {proc.stderr.strip()}")
 
 
 def image_layers(layout: Path) -> list[dict]:
@@ -193,9 +196,9 @@ def main() -> None:
                  f"{size / 1e9 / OFFICIAL_GB:.2f}x of {OFFICIAL_GB} GB (goal <= 0.5x)"))
 
     rows.append(("buildah bud with RUN pip install", "495 s",
-                 "from ../shared/BUILD-FACTS.md (same machine kind, not re-run: its pip "
-                 f"resolves afresh inside the build, so no two runs are the same image); "
-                 f"{495 / t_cold:.1f}x frank cold"))
+                 "served's context, quoted from ../shared/BUILD-FACTS.md; "
+                 f"{495 / t_cold:.1f}x frank cold. Measured side by side on served-cpu's "
+                 "closure by bench/buildah_pip_bench.py (a new digest every run)"))
 
     table = ["| step | time | notes |", "|---|---|---|",
              *[f"| {a} | {b} | {c} |" for a, b, c in rows]]
