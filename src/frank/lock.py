@@ -98,14 +98,17 @@ def impure_steps(resolved: Resolved) -> list[str]:
 
 
 def verify_fetched(resolved: Resolved, previous: Lock | None,
-                   siblings: Callable[[], list[Lock]] = list) -> dict[str, dict[str, str]]:
+                   siblings: Callable[[], list[Lock]] = list,
+                   known: list[dict[str, Any]] | None = None) -> dict[str, dict[str, str]]:
     """Check each URL patch's ``touches_compiled`` on the diff itself, fetched (store,
     mirror, then the network) and verified by its sha256: the claim decides the engine's
     install path, so a URL part is held to it exactly as a file part is. The verdict is a
     function of the pinned bytes, so one the previous lock recorded for the same URL and
     sha256 is reused without fetching again, as is one another lock of the repo recorded
-    (``siblings``, read only when needed: a new stack extending served); the build checks the
-    diff once more when it applies it."""
+    (``siblings``, read only when needed: a new stack extending served), or one a revert kept
+    in the history for its undo (``known``: name, inputs, verified of the parts it took out;
+    after reverting a URL patch no lock holds its check); the build checks the diff once more
+    when it applies it."""
     from frank.kinds.patch import Patch, touches_compiled
 
     out: dict[str, dict[str, str]] = {}
@@ -116,6 +119,9 @@ def verify_fetched(resolved: Resolved, previous: Lock | None,
         claim = "true" if part.touches_compiled else "false"
         verdict = f"{claim}: checked on the fetched diff (sha256 {part.sha256})"
         if _recorded(previous, part.name, rp.inputs, verdict) or any(
+                k.get("name") == part.name and k.get("inputs") == rp.inputs
+                and (k.get("verified") or {}).get("touches_compiled") == verdict
+                for k in known or []) or any(
                 _recorded(other, part.name, rp.inputs, verdict) for other in siblings()):
             out[part.name] = {"touches_compiled": verdict}
             continue

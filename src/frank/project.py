@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from frank.catalog import Catalog
 from frank.errors import FrankError
@@ -70,7 +70,8 @@ def _previous_lock(path: Path) -> Lock | None:
 
 
 def lock_resolved(resolved: Resolved, path: Path, root: Path, closure: ClosureMode = "use",
-                  closure_out: Path | None = None) -> Locked:
+                  closure_out: Path | None = None,
+                  known: list[dict[str, Any]] | None = None) -> Locked:
     """Lock a resolved stack as the stack file ``path``, whose Python closure lives beside
     it. The resolution may come from a staged copy of that file (an edit being checked
     before it is written): the closure and the lock file are still the real stack's.
@@ -81,7 +82,7 @@ def lock_resolved(resolved: Resolved, path: Path, root: Path, closure: ClosureMo
     own = lock_path(path)
     verified = verify_fetched(resolved, _previous_lock(own), lambda: [
         lock for other in stack_files(root, ".lock") if other.resolve() != own.resolve()
-        if (lock := _previous_lock(other)) is not None])
+        if (lock := _previous_lock(other)) is not None], known)
     request = pyclosure.request_for(resolved)
     if request is None:
         return Locked(resolved=resolved, lock=build_lock(resolved, verified=verified),

@@ -163,8 +163,8 @@ def plan_revert(stack_file: Path, part: str, root: Path,
                                     if with_dependents])
 
 
-def lock_text(stack_file: Path, text: str, root: Path, catalog: Catalog, why: str
-              ) -> tuple[Lock, bytes | None]:
+def lock_text(stack_file: Path, text: str, root: Path, catalog: Catalog, why: str,
+              known: list[dict[str, Any]] | None = None) -> tuple[Lock, bytes | None]:
     """Lock ``text`` as if it were ``stack_file``'s content, writing only temp files;
     returns the lock and the Python closure's text it names (None without a closure).
 
@@ -189,7 +189,8 @@ def lock_text(stack_file: Path, text: str, root: Path, catalog: Catalog, why: st
             copy.write_bytes(real.read_bytes())
         try:
             resolved = resolve(Path(tmp.name), root, catalog)
-            lock = lock_resolved(resolved, stack_file, root, "resolve", closure_out=copy).lock
+            lock = lock_resolved(resolved, stack_file, root, "resolve", closure_out=copy,
+                                 known=known).lock
         except FrankError as exc:  # name the stack the person edits, not the temp copy
             raise as_real_file(exc, tmp.name, stack_file) from None
         closure = copy.read_bytes() if lock.python_closure is not None and copy.is_file() \
@@ -236,6 +237,10 @@ def history_entry(action: str, part: str, old: str | None, new: str | None, why:
         "action": action, "part": part, "from": old, "to": new, "why": why,
         "digest_before": before.digest, "digest_after": after.digest,
         "text_before": text_before,
+        # checks made on fetched inputs (a URL patch's touches_compiled): the undo reuses
+        # them, since no lock keeps one for a part the revert took out
+        "verified_before": [{"name": p.name, "inputs": p.inputs, "verified": p.verified}
+                            for p in before.parts if p.verified],
     }
 
 

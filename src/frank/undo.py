@@ -92,7 +92,8 @@ def plan_undo(stack_file: Path, root: Path) -> UndoResult:
                          f"{str(entry.get('digest_after'))[:19]}); undo it by hand",
                          file=stack_file)
     text = entry["text_before"]
-    lock, closure = lock_text(stack_file, text, root, catalog, "undo")
+    lock, closure = lock_text(stack_file, text, root, catalog, "undo",
+                              known=entry.get("verified_before"))
     lock = lock.model_copy(update={"stack": load_stack(stack_file).name})
     if lock.digest != entry.get("digest_before"):
         raise FrankError(f"the stack's earlier text now locks to {lock.digest[:19]}, not the "
