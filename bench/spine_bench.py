@@ -40,6 +40,11 @@ COMMANDS: dict[str, tuple[list[str], dict[str, str]]] = {
     "frank diff served candidate --json (kept)":
         (["-m", "frank", "diff", "served", "candidate", "--json"], {}),
     "frank --help": (["-m", "frank", "--help"], {}),
+    # what any worked-out answer pays before frank does anything: the CLI and model libraries
+    # frank is written with, and pydantic's first model (which loads importlib.metadata)
+    "click + pydantic + one model (libraries' floor)":
+        (["-c", "import click\nfrom pydantic import BaseModel\nclass M(BaseModel):\n"
+                "    x: int\nM(x=1)"], {}),
     "frank lock --check stacks/served.toml (worked out)":
         (["-m", "frank", "lock", "--check", "stacks/served.toml"],
          {"FRANK_NO_ANSWER_CACHE": "1"}),
@@ -100,7 +105,7 @@ def main() -> None:
     floor = min(samples[BARE])
     for name, values in samples.items():
         med = statistics.median(values)
-        mark = "" if name == BARE or med / unit <= GOAL or "worked out" in name else "  OVER"
+        mark = "" if med / unit <= GOAL or not name.startswith("frank") else "  OVER"
         lines.append(f"{name:52s} {med:9.3f} {min(values):7.3f} {max(values):7.3f} "
                      f"{med / unit:6.1f}x {min(values) / floor:7.1f}x{mark}")
     print("\n".join(lines))

@@ -471,6 +471,23 @@ def test_an_output_the_step_does_not_produce_is_an_error(tmp_path: Path) -> None
     assert gone.returncode == 1 and "removes" in gone.stderr and "not in the image" in gone.stderr
 
 
+def test_a_failed_build_quotes_the_steps_own_line_not_buildahs_echo(tmp_path: Path) -> None:
+    """buildah echoes each RUN command (the step's words inside it, quoted) and shares one
+    pipe with the container's stderr, so the line can come mid-line after a progress note."""
+    from frank.build import _step_failure
+
+    echo = ("STEP 6/9: RUN { test -e /opt/frank/gen || { echo 'frank: step gen-step did not "
+            "produce its output /opt/frank/gen' >&2; exit 1; }; }\n")
+    log = tmp_path / "build.log"
+    log.write_text(echo + "Error: building at STEP \"RUN ...\": exit status 1\n")
+    assert _step_failure(log) is None  # the echo alone is not the step saying so
+    log.write_text(echo + "Copying blob 1f2e...frank: step gen-step did not produce its output "
+                   "/opt/frank/gen\nError: building at STEP: exit status 1\n")
+    assert _step_failure(log) == "step gen-step did not produce its output /opt/frank/gen"
+    log.write_text(echo + "frank: step gen-step removes /usr/x, which is not in the image\n")
+    assert _step_failure(log) == "step gen-step removes /usr/x, which is not in the image"
+
+
 def test_a_step_must_declare_what_it_produces() -> None:
     from pydantic import ValidationError
 

@@ -92,3 +92,22 @@ def test_table_keeps_history_apart(repo: Path) -> None:
     build, _, history = out.partition("part history")
     assert "spec.source" in build and "evidence.rule" not in build
     assert "evidence.rule" in history and "spec.source" not in history
+
+
+def test_a_reader_that_stops_early_is_no_error(repo: Path) -> None:
+    """`frank diff served candidate | head -1`: the pipe closes before frank is done writing;
+    that is the reader's choice, not a failure to report (exit 141, as for SIGPIPE)."""
+    import os
+    import subprocess
+    import sys
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first line
+    try:
+        proc = subprocess.run([sys.executable, "-m", "frank", "diff", "served", "candidate"],
+                              cwd=repo, stdout=write_end, stderr=subprocess.PIPE, text=True,
+                              timeout=120, check=False)
+    finally:
+        os.close(write_end)
+    assert proc.stderr == ""
+    assert proc.returncode == 141

@@ -7,6 +7,7 @@ building the Dockerfile context compose wrote. Either way the result is an OCI l
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -276,14 +277,21 @@ def build_with_engine(plan: BuildPlan, root: Path, context: Path, out: Path,
                        layers_built=len(plan.layers), layers_reused=0)
 
 
+# The step's line as it ran: buildah's echo of each RUN command holds the same words, quoted
+# (followed by ``' >&2``), which the end of line rules out.
+_STEP_SAID = re.compile(r"frank: (step \S+ (?:did not produce its output|removes) [^'\n]*)$",
+                        re.MULTILINE)
+
+
 def _step_failure(log: Path) -> str | None:
     """The line a builder stage's own check wrote (an output a step did not produce, a file
     it removes that is not there), if the failed build's log has one."""
     if not log.is_file():
         return None
-    lines = [x.strip() for x in log.read_text(encoding="utf-8", errors="replace").splitlines()
-             if x.startswith("frank: step ")]
-    return lines[-1].removeprefix("frank: ") if lines else None
+    # anywhere in a line: the container's stderr and buildah's own output share one pipe,
+    # so the step's line can follow a progress note that ended without a newline
+    said = _STEP_SAID.findall(log.read_text(encoding="utf-8", errors="replace"))
+    return said[-1].strip() if said else None
 
 
 def build(plan: BuildPlan, root: Path, out_dir: Path, requested: Builder, *,

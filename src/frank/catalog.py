@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
 from frank.errors import FrankError
 from frank.hashing import sha256_file
-from frank.kinds import PART_ADAPTER, AnyPart
+from frank.kinds import PART_ADAPTER
 from frank.tomlio import read_toml, validation_to_error
+
+if TYPE_CHECKING:
+    from frank.kinds import AnyPart
 
 
 @dataclass(frozen=True)

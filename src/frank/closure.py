@@ -25,15 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from packaging.markers import Marker
-from packaging.tags import Tag, compatible_tags, cpython_tags
-from packaging.utils import canonicalize_name, parse_wheel_filename
-
 from frank.errors import FrankError
 from frank.fsutil import write_atomic
 from frank.hashing import sha256_bytes, sha256_json
 
 if TYPE_CHECKING:
+    from packaging.tags import Tag
+
     from frank.resolve import Resolved
 
 CLOSURE_FORMAT = 1
@@ -180,6 +178,8 @@ def copy_sibling(request: ClosureRequest, out: Path) -> bool:
 
 def target_tags(python: str) -> list[Tag]:
     """The wheel tags a CPython of ``python`` (e.g. "3.11") on manylinux_2_36 x86_64 takes."""
+    from packaging.tags import compatible_tags, cpython_tags
+
     major, minor = (int(x) for x in python.split(".")[:2])
     platforms = [f"manylinux_2_{m}_x86_64" for m in range(_GLIBC[1], 16, -1)]
     platforms += ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64",
@@ -207,6 +207,9 @@ def _wheel_url(entry: dict[str, Any], lock_file: Path) -> str:
 
 def select_wheels(doc: dict[str, Any], request: ClosureRequest, *, file: Path) -> list[Wheel]:
     """Per package of a pylock, the best wheel for the target; a package without one fails."""
+    from packaging.markers import Marker
+    from packaging.utils import canonicalize_name, parse_wheel_filename
+
     tags = target_tags(request.python)
     rank = {t: i for i, t in enumerate(tags)}
     env = _environment(request.python)
@@ -236,6 +239,8 @@ def select_wheels(doc: dict[str, Any], request: ClosureRequest, *, file: Path) -
 
 
 def _check_pins(wheels: list[Wheel], request: ClosureRequest, file: Path) -> None:
+    from packaging.utils import canonicalize_name
+
     by_name = {w.name: w for w in wheels}
     for dist, sha in request.pinned.items():
         wheel = by_name.get(canonicalize_name(dist))

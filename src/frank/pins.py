@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import AfterValidator, BeforeValidator, HttpUrl
+from pydantic import AfterValidator, BeforeValidator, GetCoreSchemaHandler
+from pydantic_core import core_schema
 
 
 def matching(pattern: str, what: str) -> Callable[[str], str]:
@@ -137,5 +138,22 @@ EntryPointName = Annotated[str, AfterValidator(check_entry_point_name)]
 RelativePath = Annotated[str, AfterValidator(check_relative_path)]
 ImagePath = Annotated[str, AfterValidator(check_image_path)]
 GitUrl = Annotated[str, AfterValidator(check_git_url)]
+
+
+class _HttpUrlText:
+    """pydantic's ``HttpUrl`` check and normal form, kept as text: the same core URL schema
+    (http or https, a host, at most 2083 characters) without importing ``pydantic.networks``
+    (and ``importlib.metadata`` with it), which read commands would pay for at every start."""
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any,
+                                     handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        return core_schema.no_info_after_validator_function(
+            str, core_schema.url_schema(max_length=2083, allowed_schemes=["http", "https"],
+                                        host_required=True),
+            serialization=core_schema.to_string_ser_schema())
+
+
 # A newline or tab is checked before parsing: the URL parser would drop it silently.
-SafeHttpUrl = Annotated[HttpUrl, BeforeValidator(check_raw_one_line), AfterValidator(check_url)]
+SafeHttpUrl = Annotated[str, _HttpUrlText, BeforeValidator(check_raw_one_line),
+                        AfterValidator(check_url)]

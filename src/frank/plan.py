@@ -216,13 +216,21 @@ def closure_wheels(lock: Lock, root: Path, closure: bytes | None = None) -> list
                          "`frank lock`)", file=path)
     python = next((str(p.spec.get("python")) for p in lock.parts if p.kind == "engine"),
                   "3.11")
-    try:
-        doc = tomllib.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise FrankError(f"not a valid pylock: {exc}", file=path) from None
-    return [WheelRef(name=w.name, version=w.version, filename=w.filename, url=w.url,
-                     sha256=w.sha256, size=w.size)
-            for w in select_wheels(doc, ClosureRequest(python=python), file=path)]
+    key = (info["sha256"], python, str(path.parent))  # local wheels are relative to it
+    if key not in _WHEELS:  # `frank diff served candidate`: two stacks, one pylock's bytes
+        try:
+            doc = tomllib.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise FrankError(f"not a valid pylock: {exc}", file=path) from None
+        _WHEELS[key] = [WheelRef(name=w.name, version=w.version, filename=w.filename,
+                                 url=w.url, sha256=w.sha256, size=w.size)
+                        for w in select_wheels(doc, ClosureRequest(python=python), file=path)]
+    return list(_WHEELS[key])
+
+
+# The wheels chosen from a pylock, by (its sha256, the target Python, its folder): parsed once
+# per process. WheelRef is frozen, so sharing the items is safe.
+_WHEELS: dict[tuple[str, str, str], list[WheelRef]] = {}
 
 
 def _wheel_layer(name: str, kind: str, part: str | None, wheels: list[WheelRef],

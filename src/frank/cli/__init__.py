@@ -104,6 +104,10 @@ class LazyGroup(click.Group):
         except FrankError as exc:
             click.echo(f"frank: error: {exc.one_line()}", err=True)
             ctx.exit(exc.exit_code)
+        except BrokenPipeError:  # `frank diff a b | head`: the reader has all it wanted
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())  # so exiting does not flush into the pipe
+            ctx.exit(141)  # as a shell reports a program ended by SIGPIPE
         except OSError as exc:  # a disk or permission problem: say which file, no traceback
             if os.environ.get("FRANK_DEBUG"):
                 raise

@@ -31,17 +31,6 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from frank.errors import FrankError
 from frank.fsutil import write_atomic
 from frank.image.debs.lock import DebsSource
-from frank.image.layer import LAYER_MEDIA_TYPE, collect, write_tar
-from frank.image.oci import (
-    OCI_CONFIG,
-    OCI_INDEX,
-    OCI_MANIFEST,
-    _go_arch,
-    canonical_json,
-    epoch_to_rfc3339,
-    layout_manifests,
-    write_layout,
-)
 from frank.image.store import DIGEST_RE, BlobStore
 from frank.tomlio import read_text
 
@@ -163,9 +152,15 @@ def _lock(path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+# frank.image.layer and frank.image.oci are imported where a base is made: reading an
+# images/*.toml (every read command on a stack does) needs neither.
+
+
 def layout_from_rootfs(rootfs: Path, store: BlobStore, out: Path, *, epoch: int,
                        created_by: str) -> str:
     """Import a root filesystem as a one-layer OCI layout (owners and setuid kept)."""
+    from frank.image.layer import collect, write_tar
+
     members = collect([(rootfs, "/")], preserve_owner=True, skip=ROOTFS_SKIP)
     with store.writer() as w:
         write_tar(members, epoch, w)  # type: ignore[arg-type]
@@ -176,6 +171,17 @@ def layout_from_layer(store: BlobStore, out: Path, layer: str, size: int, *, epo
                       created_by: str, architecture: str | None = None,
                       cmd: tuple[str, ...] = ("/bin/bash",)) -> str:
     """A one-layer OCI layout around an uncompressed layer blob already in the store."""
+    from frank.image.layer import LAYER_MEDIA_TYPE
+    from frank.image.oci import (
+        OCI_CONFIG,
+        OCI_INDEX,
+        OCI_MANIFEST,
+        _go_arch,
+        canonical_json,
+        epoch_to_rfc3339,
+        write_layout,
+    )
+
     created = epoch_to_rfc3339(epoch)
     config = {
         "architecture": architecture or _go_arch(), "os": "linux", "created": created,
@@ -206,6 +212,8 @@ def cached_base(store: BlobStore, key: str, name: str,
 
     One maker per key at a time (parallel test workers would otherwise build it twice).
     """
+    from frank.image.oci import layout_manifests
+
     bases = store.root / "bases"
     record = bases / f"{key}.json"
     layout = bases / key

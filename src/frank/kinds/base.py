@@ -69,7 +69,7 @@ Status = Literal["served", "candidate", "parked", "rejected"]
 class Strict(BaseModel):
     """Base of every model: unknown fields are refused, values are immutable."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class Provenance(Strict):

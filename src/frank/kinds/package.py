@@ -6,8 +6,6 @@ import shlex
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
-from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from pydantic import AfterValidator, Field, model_validator
 
 from frank.archs import Arch, ArchForm, spell_archs
@@ -50,6 +48,8 @@ DebName = Annotated[str, AfterValidator(check_deb_name)]
 
 def check_pinned_requirement(value: str) -> str:
     """A build dependency: a PEP 508 line pinned to one version with ``==``."""
+    from packaging.requirements import Requirement
+
     text = check_requirement(value)
     spec = list(Requirement(text).specifier)
     if len(spec) != 1 or spec[0].operator != "==" or "*" in spec[0].version:
@@ -90,6 +90,8 @@ class SourceBuild(Strict):
 
 def check_requirement(value: str) -> str:
     """A PEP 508 requirement line (name, optional version specifier, no URL)."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
     try:
         req = Requirement(value)
     except InvalidRequirement as exc:
@@ -131,6 +133,8 @@ class Package(PartBase):
         return self
 
     def python_needs(self, ctx: PartContext) -> PythonNeeds:
+        from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
         if self.wheel is None:
             # a wheel built from git stands in for the distribution: the closure leaves it
             # out (the engine may ask for it) and the built wheel is installed --no-deps
