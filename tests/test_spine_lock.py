@@ -6,6 +6,8 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from tests.spine_helpers import copy_repo, frank
 
 
@@ -75,3 +77,25 @@ def test_shipped_locks_are_current() -> None:
 
     result = frank("lock", "--check", cwd=REPO)
     assert result.code == 0, result.out + result.err
+
+
+def test_check_trusts_the_pylock_only_as_the_lock_recorded_it(
+        repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """lock --check takes the pylock's freshness from the stack's lock (its request and
+    sha256) rather than parsing it; a pylock edited by hand, trailer kept, is still stale,
+    and so is one whose lock records another request."""
+    monkeypatch.setenv("FRANK_NO_ANSWER_CACHE", "1")
+    assert frank("lock", "--check", "stacks/served.toml", cwd=repo).code == 0
+    pylock = repo / "stacks/pylock.served.toml"
+    text = pylock.read_text()
+    first = text.index('sha256 = "') + len('sha256 = "')
+    pylock.write_text(text[:first] + "0" + text[first + 1:])  # one wheel's hash
+    edited = frank("lock", "--check", "stacks/served.toml", cwd=repo)
+    assert edited.code == 1 and "served.lock: stale" in edited.out
+    pylock.write_text(text)
+    lock = repo / "stacks/served.lock"
+    locked = lock.read_text()
+    request = json.loads(locked)["python_closure"]["request"]
+    lock.write_text(locked.replace(request, "0" * len(request)))
+    other = frank("lock", "--check", "stacks/served.toml", cwd=repo)
+    assert other.code == 1 and "served.lock: stale" in other.out
