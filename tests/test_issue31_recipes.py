@@ -442,6 +442,29 @@ def run_stage(stage_run: list[str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["sh", "-c", " && ".join(stage_run)], capture_output=True, text=True)
 
 
+def test_only_a_build_that_runs_network_commands_keeps_the_network(repo: Path,
+                                                                    tmp_path: Path) -> None:
+    """A post-install step runs offline: its container build is cut off the network. A
+    source build's git clone, apt-get and pip need it; the shipped served stacks run nothing
+    in a container at all."""
+    from frank.build import needs_network
+    from frank.plan import BuildPlan
+
+    step_part(repo, ["/opt/frank/jit/cache"])
+    child(repo, "stepped", {"jit-step": "1"})
+    assert frank("lock", "stacks/stepped.toml", cwd=repo).code == 0
+    stepped, _ = compose_none(repo, "stepped", tmp_path / "out")
+    assert not needs_network(BuildPlan.model_validate(stepped))
+    recipe, _ = compose_none(repo, "recipe-sm120", tmp_path / "recipe")
+    assert layer(recipe, "package:flashinfer-jit-cache")["network"]
+    assert not layer(recipe, "step:sm120-probe-ext")["network"]
+    assert needs_network(BuildPlan.model_validate(recipe))
+    served, _ = compose_none(repo, "served", tmp_path / "served")
+    assert not needs_network(BuildPlan.model_validate(served))
+    lock = json.loads((repo / "stacks/recipe-sm120.lock").read_text())
+    assert any("reach the network" in s for s in lock["impure"])
+
+
 def test_an_output_the_step_does_not_produce_is_an_error(tmp_path: Path) -> None:
     from frank.kinds.step import Step
 
@@ -690,6 +713,8 @@ GEN = """\
 mkdir -p /opt/frank/gen
 echo "$TORCH_CUDA_ARCH_LIST" > /opt/frank/gen/archs.txt
 echo scratch > /tmp/scratch-not-kept
+python3 -c "import socket; socket.create_connection(('pypi.org', 443), 5)" 2>/dev/null \\
+  && echo online > /opt/frank/gen/network.txt || echo offline > /opt/frank/gen/network.txt
 """
 
 
@@ -738,8 +763,15 @@ def test_a_step_builds_in_a_container_and_its_layer_holds_only_its_output(
     with_output = [x for x in layers if "opt/frank/gen/archs.txt" in x]
     assert len(with_output) == 1
     assert with_output[0]["opt/frank/gen/archs.txt"] == b"12.0f\n"  # frank's spelling
+    from frank.image.engines import can_cut_network
+
+    if can_cut_network():  # a step never reaches the network (PyPI answers this machine)
+        assert with_output[0]["opt/frank/gen/network.txt"] == b"offline\n"
+    else:
+        assert "the network stays on" in (tmp_path / "out/build.log").read_text()
     assert all(not n.startswith(("opt/frank/gen", "./opt/frank/gen")) for n in
-               with_output[0] if n not in ("opt/frank/gen", "opt/frank/gen/archs.txt"))
+               with_output[0] if n not in ("opt/frank/gen", "opt/frank/gen/archs.txt",
+                                           "opt/frank/gen/network.txt"))
     everything = {n for x in layers for n in x}
     assert not any("scratch-not-kept" in n or "opt/frank/steps" in n for n in everything)
     # an output the command does not produce stops the build, in the step's own words

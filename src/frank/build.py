@@ -259,6 +259,16 @@ def stage_host_layers(plan: BuildPlan, root: Path, context: Path, *, log: Path,
     (context / "Dockerfile").write_text(render_dockerfile(plan, staged, template_text(root)))
 
 
+def needs_network(plan: BuildPlan) -> bool:
+    """Whether a container build of ``plan`` must reach the network: some layer that runs in
+    the container (not one frank assembles on the host and stages) declares it does (a
+    source build's git clone, apt-get and pip; pip from an index; a patch fetched by URL).
+    A post-install step or a kernel compiled in the image never does: it runs offline."""
+    from frank.context import host_built
+
+    return any(layer.network and not host_built(layer) for layer in plan.layers)
+
+
 def build_with_engine(plan: BuildPlan, root: Path, context: Path, out: Path,
                       engine_name: str, mirrors: tuple[Path, ...] = ()) -> BuildResult:
     """Build the Dockerfile context with a container engine, exported as an OCI layout."""
@@ -272,7 +282,8 @@ def build_with_engine(plan: BuildPlan, root: Path, context: Path, out: Path,
     engine = get_engine(engine_name, store)
     digest = build_dockerfile(engine, context, out, base_layout=base.layout,
                               base_digest=base.digest,
-                              source_date_epoch=plan.source_date_epoch)
+                              source_date_epoch=plan.source_date_epoch,
+                              network=needs_network(plan))
     return BuildResult(digest=digest, layout=out, builder=engine_name, why="",
                        layers_built=len(plan.layers), layers_reused=0)
 

@@ -117,6 +117,7 @@ class PlanLayer(Strict):
     kernel: dict[str, Any] | None = None  # a kernel part's spec, compiled on the host
     manifest: str | None = None  # the part's manifest, repo-relative (errors name it)
     impure: bool = False  # runs commands inside the image (a container engine), see `run`
+    network: bool = False  # those commands reach the network (pip, git, apt-get, a URL)
     stage: StageStep | None = None  # built in a builder stage, its outputs copied in
 
 
@@ -341,7 +342,8 @@ def _part_layer(locked: LockedPart, part: PartBase, root: Path) -> PlanLayer | N
         files=[CopyStep(src=f.src, dest=f.dest) for f in contribution.files],
         generated=[GeneratedFile(dest=d, text=t) for d, t in contribution.generated],
         pip_install=pip, run=run, why=contribution.why, build_wheels=build_wheels,
-        kernel=kernel, manifest=locked.manifest, impure=bool(run or stage), stage=stage)
+        kernel=kernel, manifest=locked.manifest, impure=bool(run or stage), stage=stage,
+        network=contribution.network)
 
 
 def _key_stages_on_below(layers: list[PlanLayer]) -> list[PlanLayer]:
@@ -413,7 +415,8 @@ def build_plan(lock: Lock, root: Path, closure: bytes | None = None) -> BuildPla
         layers.insert(after, PlanLayer(
             index=0, name=f"engine:{engine.name}", part=engine.name, kind="engine",
             key=sha256_json({"run": run, "engine": engine_lock.key}), inputs=engine_lock.inputs,
-            files=[], generated=[], pip_install=[], run=run, why=path.why, impure=True))
+            files=[], generated=[], pip_install=[], run=run, why=path.why, impure=True,
+            network=True))
     layers = _key_stages_on_below(layers)
     layers = [x.model_copy(update={"index": i}) for i, x in enumerate(layers, 1)]
     launcher_text = LAUNCHER_SOURCE.read_text(encoding="utf-8")

@@ -247,6 +247,17 @@ def load_base(engine: Engine, layout: Path, digest: str) -> str:
     return f"{name}@{digest}"
 
 
+@functools.cache
+def can_cut_network() -> bool:
+    """Whether this process may run a program in a network namespace of its own (root, or
+    unprivileged user namespaces): how a build that needs no network is kept off it."""
+    exe = shutil.which("unshare")
+    if exe is None:
+        return False
+    return subprocess.run([exe, "--net", "--", "true"], capture_output=True,
+                          check=False).returncode == 0
+
+
 def build_dockerfile(
     engine: Engine,
     context: Path,
@@ -260,6 +271,7 @@ def build_dockerfile(
     store: BlobStore | None = None,
     timeout: float | None = 3600,
     log: Path | None = None,
+    network: bool = True,
 ) -> str:
     """Build ``context`` with ``engine`` and export it as an OCI layout; return its digest.
 
@@ -284,11 +296,23 @@ def build_dockerfile(
                "-f", str(dockerfile), "-t", tag]
     for k in sorted(args):
         cmd += ["--build-arg", f"{k}={args[k]}"]
+    log = log or context.parent / "build.log"
+    prefix: list[str] = []
+    if not network:
+        if engine.name == "docker":
+            cmd += ["--network", "none"]
+        elif can_cut_network():  # chroot isolation shares the caller's network namespace
+            prefix = ["unshare", "--net", "--"]
+        else:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            with log.open("a", encoding="utf-8") as note:
+                note.write("frank: the network stays on for this build: this user may not "
+                           "make a network namespace (unshare --net)\n")
     with tempfile.TemporaryDirectory(prefix="frank-secrets-") as secrets:
         for ident, path in build_secrets(Path(secrets)).items():
             cmd += ["--secret", f"id={ident},src={path}"]
-        run_logged([*cmd, str(context)], f"{engine.name} build of {context}",
-                   log=log or context.parent / "build.log", timeout=timeout)
+        run_logged([*prefix, *cmd, str(context)], f"{engine.name} build of {context}",
+                   log=log, timeout=timeout)
     out_layout = Path(out_layout).absolute()
     out_layout.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_layout.name}.tmp-", dir=out_layout.parent))

@@ -140,6 +140,9 @@ class LayerContribution:
     build_wheels: tuple[str, ...] = ()  # repo package folders frank builds into wheels
     # a builder stage: ``files`` are its inputs (copied into the stage, not the image)
     stage: BuildStage | None = None
+    # its commands reach the network (pip from an index, git clone, apt-get, a URL): a
+    # container build of a plan where no such layer runs in the container is cut off from it
+    network: bool = False
 
 
 @dataclass(frozen=True)

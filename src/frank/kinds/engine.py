@@ -142,6 +142,7 @@ class EngineBase(PartBase):
                      else f"pip install 'vllm @ {self.wheel.url}'"),
                 why=f"release wheel {str(self.wheel.url).rsplit('/', 1)[-1]} pinned by sha256"
                     " (its dependencies come from the index: pin them with package parts)",
+                network=True,
             )
         return LayerContribution(
             run=(
@@ -149,4 +150,5 @@ class EngineBase(PartBase):
                 f"pip install 'vllm @ git+{self.repo}@{self.commit}'",
             ),
             why="no release wheel: vLLM's precompiled path at the pinned commit",
+            network=True,
         )

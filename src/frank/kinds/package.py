@@ -170,7 +170,7 @@ class Package(PartBase):
             return LayerContribution(
                 generated=((req, self.wheel.requirement(self.distribution) + "\n"),),
                 run=(f"pip install --require-hashes --no-deps -r {req}",),
-                why="wheel pinned by sha256",
+                why="wheel pinned by sha256", network=True,
             )
         if self.git is None:
             return None  # only overrides/removals: nothing of its own in the image
@@ -235,7 +235,7 @@ def source_build_layer(name: str, git: GitSource, build: SourceBuild) -> LayerCo
     then = (f"cd {q(out)} && sha256sum -c --quiet SHA256SUMS && pip install --no-deps "
             f"{q(out)}/*.whl",)
     return LayerContribution(
-        stage=BuildStage(run=tuple(run), outputs=(out,), then=then),
+        stage=BuildStage(run=tuple(run), outputs=(out,), then=then), network=True,
         why=f"wheel built from {git.repo} at {git.commit[:12]} in a builder stage "
             f"({'no build isolation' if not build.isolation else 'build isolation'}), "
             "hashed and installed --no-deps")

@@ -105,9 +105,11 @@ class Patch(PartBase):
             "print(os.path.dirname(os.path.dirname(vllm.__file__)))')\" "
             f"< {patch_dest(self.name)}"
         )
+        fetched = self.file is None  # the container fetches it by URL
         if self.touches_compiled:  # applied to the source tree before the engine is built
             return LayerContribution(files=files, run=(*run, apply),
                                      why="patch of compiled code, staged for the engine's "
-                                         "source build at the pinned commit")
+                                         "source build at the pinned commit", network=fetched)
         return LayerContribution(files=files, run=(*run, apply),
-                                 why="Python-only patch applied to the installed engine")
+                                 why="Python-only patch applied to the installed engine",
+                                 network=fetched)
