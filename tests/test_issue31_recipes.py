@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -116,15 +117,16 @@ def git(*args: str, cwd: Path) -> str:
 
 
 @pytest.fixture
-def source_repo(tmp_path: Path) -> tuple[Path, str]:
-    """A local git repo with a submodule: a pure-Python package a builder stage can build."""
-    sub = tmp_path / "sub"
-    sub.mkdir()
+def source_repo(repo: Path) -> tuple[Path, str]:
+    """A local git repo with a submodule, inside the repo (a local git source must be): a
+    pure-Python package a builder stage can build."""
+    sub = repo / "sources" / "sub"
+    sub.mkdir(parents=True)
     git("init", "-q", "-b", "main", cwd=sub)
     (sub / "data.txt").write_text("from the submodule\n")
     git("add", ".", cwd=sub)
     git("commit", "-qm", "sub", cwd=sub)
-    top = tmp_path / "src-repo"
+    top = repo / "sources" / "src-repo"
     (top / "pkg" / "demo_pkg").mkdir(parents=True)
     (top / "pkg" / "demo_pkg" / "__init__.py").write_text("VALUE = 31\n")
     (top / "pkg" / "pyproject.toml").write_text(textwrap.dedent("""\
@@ -189,10 +191,13 @@ def test_source_build_composes_offline_with_its_commit_in_the_lock(
 
     assert stage["run"].index(APT_SOURCES) < next(
         i for i, s in enumerate(stage["run"]) if s.startswith("apt-get update"))
-    assert "apt-get install -y -qq --no-install-recommends git ca-certificates " \
+    assert "apt-get install -y -qq --no-install-recommends ca-certificates " \
            "build-essential cmake" in run
     assert "pip install wheel==0.45.1" in run
-    assert f"checkout --detach {commit}" in run and "submodule update --init --recursive" in run
+    # the source is frank's checkout on the host, copied into the stage: no git inside
+    assert stage["source"] == {"repo": f"file://{src}", "commit": commit, "submodules": True,
+                               "dest": "/opt/frank/src/demo-src"}
+    assert "git " not in run
     assert "FLASHINFER_CUDA_ARCH_LIST='12.0f 12.0a'" in run
     assert "TORCH_CUDA_ARCH_LIST='12.0f;12.0a'" in run
     assert "pip wheel --no-deps --no-build-isolation" in run
@@ -201,6 +206,20 @@ def test_source_build_composes_offline_with_its_commit_in_the_lock(
                              "&& pip install --no-deps /opt/frank/wheels/demo-src/*.whl"]
     # the builder stage starts from the image so far; only the wheel folder comes out of it
     assert "FROM frank-0 AS build-demo-src" in dockerfile
+    stage_text = dockerfile[dockerfile.index("AS build-demo-src"):]
+    assert stage_text.index("COPY layers/") < stage_text.index("RUN ")
+    # what a container build stages there first: frank's checkout at the stage's path
+    from frank.build import _check_out_source
+    from frank.context import layer_dir
+    from frank.plan import BuildPlan
+
+    planned = next(x for x in BuildPlan.model_validate(plan).layers
+                   if x.name == "package:demo-src")
+    rootfs = tmp_path / "ctx" / "layers" / layer_dir(planned) / "rootfs"
+    _check_out_source(planned, repo, rootfs, tmp_path / "build.log")
+    assert f"COPY layers/{layer_dir(planned)}/rootfs/ /" in stage_text
+    assert (rootfs / "opt/frank/src/demo-src/pkg/demo_pkg/__init__.py").is_file()
+    assert (rootfs / "opt/frank/src/demo-src/third_party/sub/data.txt").is_file()
     assert "COPY --from=build-demo-src /opt/frank/wheels/demo-src /opt/frank/wheels/demo-src" \
         in dockerfile
     assert plan["checks"]["demo-src"] == [["python3", "-c", "import demo_pkg"]]
@@ -210,21 +229,28 @@ def test_source_build_composes_offline_with_its_commit_in_the_lock(
 
 def test_builder_stage_commands_build_the_pinned_commit_with_submodules(
         repo: Path, source_repo: tuple[Path, str], tmp_path: Path) -> None:
-    """The stage's own commands (less apt-get and the build requires, which need the
-    network), run by sh against the local repo: the wheel is built at the pinned commit,
-    with its submodule checked out, hashed, then checked and installed --no-deps."""
+    """frank's checkout of the source on the host, then the stage's own commands (less
+    apt-get and the build requires, which need the network) run by sh: the wheel is built
+    at the pinned commit, with its submodule, hashed, then checked and installed --no-deps."""
+    from frank import gitsource
     from frank.kinds.package import Package, SourceBuild, source_build_layer
 
     src, commit = source_repo
     source_part(repo, src, commit)
+    (src / "pkg/demo_pkg/__init__.py").write_text("VALUE = 99\n")  # a commit after the pin
+    git("commit", "-qam", "later", cwd=src)
     pkg = Package.model_validate(__import__("tomllib").loads(
         (repo / "parts/demo-src/1.toml").read_text()))
     assert pkg.git is not None and pkg.build is not None
     build = SourceBuild.model_validate({**pkg.build.model_dump(), "system_packages": [],
                                         "requires": []})
     stage = source_build_layer("demo-src", pkg.git, build).stage
-    assert stage is not None
+    assert stage is not None and stage.source is not None
     prefix = tmp_path / "img"
+    log = tmp_path / "git.log"
+    gitsource.checkout(stage.source.repo, stage.source.commit, True,
+                       prefix / stage.source.dest.lstrip("/"), root=repo,
+                       cache=tmp_path / "cache", log=log)
     from frank.kinds.package import APT_SOURCES
 
     steps = [s.replace("/opt/frank", str(prefix / "opt/frank")) for s in stage.run
@@ -239,7 +265,8 @@ def test_builder_stage_commands_build_the_pinned_commit_with_submodules(
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     built = prefix / "opt/frank/src/demo-src"
-    assert git("rev-parse", "HEAD", cwd=built) == commit
+    assert not (built / ".git").exists()  # a plain tree, at the pinned commit
+    assert (built / "pkg/demo_pkg/__init__.py").read_text() == "VALUE = 31\n"
     assert (built / "third_party/sub/data.txt").read_text() == "from the submodule\n"
     wheels = list((prefix / "opt/frank/wheels/demo-src").glob("*.whl"))
     assert len(wheels) == 1
@@ -251,6 +278,40 @@ def test_builder_stage_commands_build_the_pinned_commit_with_submodules(
     again = subprocess.run(["sh", "-ec", " && ".join(then)], env=env, capture_output=True,
                            text=True)
     assert again.returncode != 0
+
+
+def test_a_git_source_is_checked_out_on_the_host_only_as_pinned(
+        repo: Path, source_repo: tuple[Path, str], tmp_path: Path) -> None:
+    from frank import gitsource
+
+    src, commit = source_repo
+    log = tmp_path / "git.log"
+    with pytest.raises(FrankError, match=r"checking out|fetching commit"):
+        gitsource.checkout(f"file://{src}", "0" * 40, False, tmp_path / "a", root=repo,
+                           cache=tmp_path / "cache", log=log)
+    assert not (tmp_path / "a").exists()
+    # a local source must be inside the repo, at lock time and when it is checked out
+    outside = tmp_path / "elsewhere"
+    shutil.copytree(src, outside)
+    with pytest.raises(FrankError, match="outside the repo"):
+        gitsource.checkout(f"file://{outside}", commit, False, tmp_path / "b", root=repo,
+                           cache=tmp_path / "cache", log=log)
+    (repo / "sources/link").symlink_to(outside)  # a link inside pointing out is outside too
+    with pytest.raises(FrankError, match="outside the repo"):
+        gitsource.checkout(f"file://{repo}/sources/link", commit, False, tmp_path / "c",
+                           root=repo, cache=tmp_path / "cache", log=log)
+    source_part(repo, outside, commit)
+    child(repo, "srcbuild", {"demo-src": "1"})
+    refused = frank("lock", "stacks/srcbuild.toml", cwd=repo)
+    assert refused.code == 2 and "git.repo" in refused.err and "outside the repo" in refused.err
+    # the same commit twice: the second checkout comes from frank's cache, fetching nothing
+    gitsource.checkout(f"file://{src}", commit, True, tmp_path / "d", root=repo,
+                       cache=tmp_path / "cache", log=log)
+    before = log.read_text().count("$ git fetch")
+    gitsource.checkout(f"file://{src}", commit, True, tmp_path / "e", root=repo,
+                       cache=tmp_path / "cache", log=log)
+    assert log.read_text().count("$ git fetch") == before
+    assert (tmp_path / "e/third_party/sub/data.txt").read_text() == "from the submodule\n"
 
 
 def test_source_build_declarations_are_checked() -> None:
@@ -688,8 +749,8 @@ def test_recipe_sm120_composes_offline(tmp_path: Path) -> None:
     names = [x["name"] for x in plan["layers"]]
     jit = layer(plan, "package:flashinfer-jit-cache")
     run = " ".join(jit["stage"]["run"])
-    assert "checkout --detach d768c14e7cf5dd5df45a8a1de78ae815879f108a" in run
-    assert "submodule update --init --recursive" in run
+    assert jit["stage"]["source"]["commit"] == "d768c14e7cf5dd5df45a8a1de78ae815879f108a"
+    assert jit["stage"]["source"]["submodules"] and "git clone" not in run
     assert "FLASHINFER_CUDA_ARCH_LIST=12.0f" in run and "--no-build-isolation" in run
     assert layer(plan, "binary:sm120-cubins")["files"][0]["dest"] == "/opt/frank/cubins/sm120"
     assert plan["config"]["env"]["FLASHINFER_CUBIN_DIR"] == "/opt/frank/cubins/sm120"

@@ -243,7 +243,8 @@ def stage_host_layers(plan: BuildPlan, root: Path, context: Path, *, log: Path,
     from frank.fetch import Fetcher
 
     host = [x for x in plan.layers if host_built(x)]
-    if not host:
+    sources = [x for x in plan.layers if x.stage is not None and x.stage.source is not None]
+    if not host and not sources:
         return
     fetcher = Fetcher(mirrors=mirrors)
     _fetch_inputs(host, fetcher, Console(stderr=True), log)
@@ -254,9 +255,25 @@ def stage_host_layers(plan: BuildPlan, root: Path, context: Path, *, log: Path,
             shutil.rmtree(rootfs, ignore_errors=True)
             rootfs.mkdir(parents=True)
             assemble_layer(layer, plan, root, rootfs, fetcher, log)
+        if layer in sources:
+            _check_out_source(layer, root, rootfs, log)
         if rootfs.is_dir():
             staged.add(layer.index)
     (context / "Dockerfile").write_text(render_dockerfile(plan, staged, template_text(root)))
+
+
+def _check_out_source(layer: PlanLayer, root: Path, rootfs: Path, log: Path) -> None:
+    """A source-built layer's git source, checked out on the host into its stage's inputs."""
+    from frank import gitsource
+    from frank.context import image_path_under
+    from frank.image.store import BlobStore
+
+    assert layer.stage is not None and layer.stage.source is not None
+    src = layer.stage.source
+    dest = image_path_under(rootfs, src.dest, layer.name)
+    shutil.rmtree(dest, ignore_errors=True)
+    gitsource.checkout(src.repo, src.commit, src.submodules, dest, root=root,
+                       cache=BlobStore().root, log=log)
 
 
 def needs_network(plan: BuildPlan) -> bool:

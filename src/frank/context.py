@@ -141,7 +141,8 @@ def _stage_lines(layer: PlanLayer, staged: set[int], current: str, n: int) -> li
     lines = ["# " + comment(f"layer {layer.index}: {layer.name} (key {layer.key[:16]}): "
                             f"{layer.why}"),
              f"FROM {current} AS {stage.name}"]
-    if layer.index in staged or host_built(layer):  # the stage's inputs, not the image's
+    if layer.index in staged or host_built(layer) or stage.source is not None:
+        # the stage's inputs, not the image's (a git source: frank's checkout on the host)
         lines.append(f"COPY {plain(f'layers/{layer_dir(layer)}/rootfs/')} /")
     lines.append(run_instruction(stage.run))
     lines.append(f"FROM {current} AS frank-{n}")

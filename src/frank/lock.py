@@ -90,8 +90,8 @@ def impure_steps(resolved: Resolved) -> list[str]:
                 out.append(f"engine:{part.name}: vLLM's precompiled path (no release wheel)")
         if isinstance(part, Package) and part.git is not None:
             out.append(f"package:{part.name}: wheel built from git {part.git.repo} at "
-                       f"{part.git.commit} in a builder stage (a container engine; its git "
-                       "clone, apt-get and pip reach the network)")
+                       f"{part.git.commit} (checked out by frank on the host) in a builder "
+                       "stage (a container engine; its apt-get and pip reach the network)")
         if isinstance(part, Step):
             out.append(f"step:{part.name}: runs in a container on the image below (off the "
                        "network unless another part's build needs it); its outputs "

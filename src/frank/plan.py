@@ -85,6 +85,15 @@ class PatchStep(Strict):
     declared_compiled: bool
 
 
+class SourceCheckout(Strict):
+    """A git source frank checks out on the host (``frank.gitsource``) into the stage."""
+
+    repo: str
+    commit: str
+    submodules: bool
+    dest: str
+
+
 class StageStep(Strict):
     """A builder stage: commands run on the image as built so far (in a container); only
     ``outputs`` are copied into this layer, then ``then`` runs in the image."""
@@ -93,6 +102,7 @@ class StageStep(Strict):
     run: list[str]
     outputs: list[str]
     then: list[str] = []
+    source: SourceCheckout | None = None
 
 
 class PlanLayer(Strict):
@@ -322,9 +332,13 @@ def _part_layer(locked: LockedPart, part: PartBase, root: Path) -> PlanLayer | N
     pip = [] if (build_wheels or kernel) else list(contribution.pip_install)
     stage = None
     if contribution.stage is not None:
+        src = contribution.stage.source
         stage = StageStep(name=f"build-{locked.name}", run=list(contribution.stage.run),
                           outputs=list(contribution.stage.outputs),
-                          then=list(contribution.stage.then))
+                          then=list(contribution.stage.then),
+                          source=SourceCheckout(repo=src.repo, commit=src.commit,
+                                                submodules=src.submodules, dest=src.dest)
+                          if src is not None else None)
     if not (contribution.files or contribution.generated or pip or run or build_wheels
             or kernel or stage):
         return None

@@ -118,6 +118,17 @@ class FileCopy:
 
 
 @dataclass(frozen=True)
+class GitCheckout:
+    """A git source checked out by frank on the host at a full commit (with its submodules)
+    and placed at ``dest`` in a builder stage: the container never clones anything."""
+
+    repo: str
+    commit: str
+    submodules: bool
+    dest: str
+
+
+@dataclass(frozen=True)
 class BuildStage:
     """Commands run in a builder stage (FROM the image as built so far, in a container):
     only ``outputs`` (image paths) are copied from it into the part's layer, then ``then``
@@ -126,6 +137,7 @@ class BuildStage:
     run: tuple[str, ...]
     outputs: tuple[str, ...]
     then: tuple[str, ...] = ()
+    source: GitCheckout | None = None  # checked out on the host, copied into the stage
 
 
 @dataclass(frozen=True)

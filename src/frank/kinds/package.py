@@ -12,6 +12,7 @@ from frank.archs import Arch, ArchForm, spell_archs
 from frank.errors import FrankError
 from frank.kinds.base import (
     BuildStage,
+    GitCheckout,
     LayerContribution,
     PartBase,
     PartContext,
@@ -162,6 +163,9 @@ class Package(PartBase):
             return {str(self.wheel.url): self.wheel.sha256}
         if self.git is None:
             return {}  # only overrides/removals: what they change is in the pylock
+        from frank.gitsource import check_inside
+
+        check_inside(self.git.repo, ctx.root, file=ctx.manifest, field="git.repo")
         return {f"git+{self.git.repo}": self.git.commit}
 
     def layer(self, ctx: PartContext) -> LayerContribution | None:
@@ -205,23 +209,23 @@ APT_SOURCES = (
 
 
 def source_build_layer(name: str, git: GitSource, build: SourceBuild) -> LayerContribution:
-    """A builder stage that clones ``git`` at its commit, builds one wheel with the declared
-    build inputs and hashes it; the image gets the wheel, checked and installed --no-deps."""
+    """A builder stage that builds one wheel from ``git`` at its commit (checked out by frank
+    on the host, copied in) with the declared build inputs and hashes it; the image gets the
+    wheel, checked and installed --no-deps. The stage reaches the network only for what it
+    installs first (Debian packages, pinned build requirements, an isolated build's backend)."""
     q = shlex.quote
     src = f"/opt/frank/src/{name}"
     out = wheel_dir(name)
     run: list[str] = []
-    debs = ["git", "ca-certificates", *build.system_packages]
-    run.append(APT_SOURCES)
-    run.append("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
-               f"--no-install-recommends {' '.join(q(d) for d in dict.fromkeys(debs))}")
+    if build.system_packages:
+        debs = ["ca-certificates", *build.system_packages]
+        run.append(APT_SOURCES)
+        run.append("apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y "
+                   f"-qq --no-install-recommends {' '.join(q(d) for d in dict.fromkeys(debs))}")
     if build.requires:
         run.append(f"pip install {' '.join(q(r) for r in build.requires)}")
-    run += [f"git clone --filter=blob:none {q(git.repo)} {q(src)}",
-            f"git -C {q(src)} checkout --detach {q(git.commit)}"]
-    if git.submodules:
-        run.append(f"git -C {q(src)} submodule update --init --recursive")
-    run.append(f'test "$(git -C {q(src)} rev-parse HEAD)" = {q(git.commit)}')
+    # the source itself is checked out by frank on the host at the commit (with its
+    # submodules), verified, and copied into the stage at ``src`` (frank.gitsource)
     where = f"{src}/{git.subdirectory}" if git.subdirectory else src
     isolation = "" if build.isolation else " --no-build-isolation"
     env = " ".join(build_env(build))
@@ -235,7 +239,9 @@ def source_build_layer(name: str, git: GitSource, build: SourceBuild) -> LayerCo
     then = (f"cd {q(out)} && sha256sum -c --quiet SHA256SUMS && pip install --no-deps "
             f"{q(out)}/*.whl",)
     return LayerContribution(
-        stage=BuildStage(run=tuple(run), outputs=(out,), then=then), network=True,
+        stage=BuildStage(run=tuple(run), outputs=(out,), then=then,
+                         source=GitCheckout(git.repo, git.commit, git.submodules, src)),
+        network=bool(build.system_packages or build.requires or build.isolation),
         why=f"wheel built from {git.repo} at {git.commit[:12]} in a builder stage "
             f"({'no build isolation' if not build.isolation else 'build isolation'}), "
             "hashed and installed --no-deps")
