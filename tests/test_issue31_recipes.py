@@ -314,6 +314,23 @@ def test_a_git_source_is_checked_out_on_the_host_only_as_pinned(
     assert (tmp_path / "e/third_party/sub/data.txt").read_text() == "from the submodule\n"
 
 
+def test_an_unfetchable_source_stops_the_build_first_naming_the_kept_log(
+        repo: Path, source_repo: tuple[Path, str], tmp_path: Path) -> None:
+    """The source is checked out before any wheel is fetched or the base is made; the
+    error is one line, and the log it names is the one kept beside the output."""
+    src, _ = source_repo
+    source_part(repo, src, "0" * 40)
+    child(repo, "srcbuild", {"demo-src": "1"})
+    assert frank("lock", "stacks/srcbuild.toml", cwd=repo).code == 0
+    out = tmp_path / "out"
+    failed = frank("compose", "stacks/srcbuild.toml", "--builder", "buildah", "--out",
+                   str(out), cwd=repo)
+    assert failed.code == 2 and len(failed.err.strip().splitlines()) == 1
+    assert f"fetching commit {'0' * 40} of file://{src} failed" in failed.err
+    assert failed.err.rstrip().endswith(f"(log {out / 'build.log'})")
+    assert "$ git fetch" in (out / "build.log").read_text()
+
+
 def test_source_build_declarations_are_checked() -> None:
     from pydantic import ValidationError
 
@@ -843,3 +860,5 @@ def test_a_step_builds_in_a_container_and_its_layer_holds_only_its_output(
     assert failed.code == 2
     assert failed.err.startswith("frank: error: step gen-step did not produce its output "
                                  "/opt/frank/gen: buildah build of ")
+    assert f"(log {tmp_path / 'out2' / 'build.log'})" in failed.err  # the kept log
+    assert (tmp_path / "out2" / "build.log").is_file()

@@ -246,17 +246,20 @@ def stage_host_layers(plan: BuildPlan, root: Path, context: Path, *, log: Path,
     sources = [x for x in plan.layers if x.stage is not None and x.stage.source is not None]
     if not host and not sources:
         return
+    def rootfs_of(layer: PlanLayer) -> Path:
+        return context / "layers" / layer_dir(layer) / "rootfs"
+
+    for layer in sources:  # first: an unreachable source stops before gigabytes of wheels
+        _check_out_source(layer, root, rootfs_of(layer), log)
     fetcher = Fetcher(mirrors=mirrors)
     _fetch_inputs(host, fetcher, Console(stderr=True), log)
     staged = set()
     for layer in plan.layers:
-        rootfs = context / "layers" / layer_dir(layer) / "rootfs"
+        rootfs = rootfs_of(layer)
         if layer in host:
             shutil.rmtree(rootfs, ignore_errors=True)
             rootfs.mkdir(parents=True)
             assemble_layer(layer, plan, root, rootfs, fetcher, log)
-        if layer in sources:
-            _check_out_source(layer, root, rootfs, log)
         if rootfs.is_dir():
             staged.add(layer.index)
     (context / "Dockerfile").write_text(render_dockerfile(plan, staged, template_text(root)))
@@ -294,8 +297,9 @@ def build_with_engine(plan: BuildPlan, root: Path, context: Path, out: Path,
     from frank.image.store import BlobStore
 
     store = BlobStore()
-    base = resolve_base(root / "images" / f"{plan.base_image['name']}.toml", store)
+    # the host's part first: a source that cannot be fetched stops before the base is made
     stage_host_layers(plan, root, context, log=context.parent / "build.log", mirrors=mirrors)
+    base = resolve_base(root / "images" / f"{plan.base_image['name']}.toml", store)
     engine = get_engine(engine_name, store)
     digest = build_dockerfile(engine, context, out, base_layout=base.layout,
                               base_digest=base.digest,
@@ -347,6 +351,8 @@ def build(plan: BuildPlan, root: Path, out_dir: Path, requested: Builder, *,
         if log.is_file() and kept != log:
             kept.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(log, kept)
+            # the stage folder is thrown away: the error names the log that is kept
+            exc.message = exc.message.replace(str(log), str(kept))
         if log.is_file() and "build.log" not in exc.message:
             exc.message += f" (build log: {kept})"
         raise
