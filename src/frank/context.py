@@ -163,15 +163,16 @@ def template_text(root: Path) -> str:
 
 def host_note(plan: BuildPlan, staged: set[int]) -> str:
     """Which builder this context is for: host-built layers need frank to stage them."""
-    host = [x for x in plan.layers if host_built(x)]
+    host = [x for x in plan.layers
+            if host_built(x) or (x.stage is not None and x.stage.source is not None)]
     if not host:
         return "Builds with buildah, podman or docker as it is."
     if all(x.index in staged for x in host):
         return (f"{len(host)} layers were assembled on the host by frank and staged here: "
                 "builds with buildah, podman or docker as it is.")
-    return (f"For frank's builders only: {len(host)} layers (wheels, patches, kernels) are "
-            "assembled on the host by frank; `frank compose --builder oci` builds them, and "
-            "`--builder buildah|podman|docker` stages them here first.")
+    return (f"For frank's builders only: {len(host)} layers (wheels, patches, kernels, git "
+            "sources) are assembled on the host by frank; `frank compose --builder oci` "
+            "builds them, and `--builder buildah|podman|docker` stages them here first.")
 
 
 def render_dockerfile(plan: BuildPlan, staged: set[int], template: str) -> str:
