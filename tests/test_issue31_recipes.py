@@ -514,6 +514,12 @@ def test_step_key_covers_the_layers_below(repo: Path, tmp_path: Path) -> None:
     second, _ = compose_none(repo, "stepped", tmp_path / "b")
     assert layer(second, "step:jit-step")["inputs"] == layer(first, "step:jit-step")["inputs"]
     assert layer(second, "step:jit-step")["key"] != layer(first, "step:jit-step")["key"]
+    # the base image is below every layer: another base, another key (kept outputs are
+    # found by it: a JIT cache made on one base is never taken for another)
+    child(repo, "stepped", {"jit-step": "1"}, extra='[image]\nbase = "bookworm-build"\n')
+    assert frank("lock", "stacks/stepped.toml", cwd=repo).code == 0
+    third, _ = compose_none(repo, "stepped", tmp_path / "c")
+    assert layer(third, "step:jit-step")["key"] != layer(second, "step:jit-step")["key"]
 
 
 def run_stage(stage_run: list[str]) -> subprocess.CompletedProcess[str]:
@@ -862,3 +868,54 @@ def test_a_step_builds_in_a_container_and_its_layer_holds_only_its_output(
                                  "/opt/frank/gen: buildah build of ")
     assert f"(log {tmp_path / 'out2' / 'build.log'})" in failed.err  # the kept log
     assert (tmp_path / "out2" / "build.log").is_file()
+
+
+STAMP = """\
+mkdir -p /opt/frank/stamp
+# what no second run could repeat: the outputs of a rerun would differ
+cat /proc/sys/kernel/random/uuid > /opt/frank/stamp/once.txt
+echo {nonce} >> /opt/frank/stamp/once.txt
+"""
+
+
+@pytest.mark.slow
+def test_a_steps_outputs_are_kept_by_its_key_and_it_is_not_run_again(
+        repo: Path, tmp_path: Path) -> None:
+    """A container rebuild with the same key takes the step's outputs from frank's store
+    instead of running it; the image is the same one. A changed input runs it again."""
+    from frank.image.oci import layout_manifests
+
+    def build(out: str) -> tuple[bytes, str, str]:
+        assert frank("lock", "stacks/smoke-stamp.toml", cwd=repo).code == 0
+        done = frank("compose", "stacks/smoke-stamp.toml", "--builder", "buildah", "--out",
+                     str(tmp_path / out), cwd=repo)
+        assert done.code == 0, done.err
+        stamp = next(x["opt/frank/stamp/once.txt"] for x in layer_files(tmp_path / out / "image")
+                     if "opt/frank/stamp/once.txt" in x)
+        assert stamp is not None
+        digest = layout_manifests(tmp_path / out / "image")[0]["digest"]
+        return stamp, digest, (tmp_path / out / "build.log").read_text()
+
+    nonce = __import__("uuid").uuid4().hex  # a key of this run's own
+    (repo / "parts/stamp-step/src").mkdir(parents=True)
+    (repo / "parts/stamp-step/src/stamp.sh").write_text(STAMP.format(nonce=nonce))
+    part(repo, "stamp-step", "1", """\
+        kind = "step"
+        run = "sh src/stamp.sh"
+        outputs = ["/opt/frank/stamp"]
+        [[inputs]]
+        path = "parts/stamp-step/src"
+        dest = "/opt/frank/steps/stamp-step/src"
+        """)
+    (repo / "stacks/smoke-stamp.toml").write_text(
+        'extends = "smoke-cpu.toml"\n[add]\nstamp-step = "1"\n')
+    first, first_digest, log = build("out1")
+    assert "step:stamp-step: outputs kept for key" in log
+    again, again_digest, log = build("out2")
+    assert "step:stamp-step: its stage's outputs were kept" in log and "not run again" in log
+    assert again == first  # not run again: the same bytes, not a second uuid
+    assert again_digest == first_digest  # and the same image
+    (repo / "parts/stamp-step/src/stamp.sh").write_text(STAMP.format(nonce=nonce + "-2"))
+    changed, changed_digest, log = build("out3")
+    assert changed != first and changed.endswith(f"{nonce}-2\n".encode())
+    assert changed_digest != first_digest and "outputs kept for key" in log

@@ -231,24 +231,35 @@ def _compile_kernel(layer: PlanLayer, root: Path, staging: Path, fetcher: Fetche
 
 
 def stage_host_layers(plan: BuildPlan, root: Path, context: Path, *, log: Path,
-                      mirrors: tuple[Path, ...] = ()) -> None:
-    """Assemble the host-built layers into the context, so any container engine builds it.
+                      mirrors: tuple[Path, ...] = (),
+                      store_root: Path | None = None) -> frozenset[int]:
+    """Assemble the host-built layers into the context, so any container engine builds it,
+    and the kept outputs of builder stages whose key an earlier build had (``stepcache``);
+    returns the indexes of those stages, which are not run again.
 
     The same assembly as the embedded builder's (same fetched inputs, same trees); only the
     tar and the image config are then the engine's.
     """
     from rich.console import Console
 
+    from frank import stepcache
     from frank.context import host_built, layer_dir, render_dockerfile, template_text
     from frank.fetch import Fetcher
 
-    host = [x for x in plan.layers if host_built(x)]
-    sources = [x for x in plan.layers if x.stage is not None and x.stage.source is not None]
-    if not host and not sources:
-        return
     def rootfs_of(layer: PlanLayer) -> Path:
         return context / "layers" / layer_dir(layer) / "rootfs"
 
+    reused: set[int] = set()
+    for layer in plan.layers:
+        kept = stepcache.cached(store_root, layer) if store_root and layer.stage else None
+        if kept is not None:
+            stepcache.place(kept, context / "layers" / layer_dir(layer) / "outputs")
+            reused.add(layer.index)
+    host = [x for x in plan.layers if host_built(x)]
+    sources = [x for x in plan.layers if x.stage is not None and x.stage.source is not None
+               and x.index not in reused]
+    if not host and not sources and not reused:
+        return frozenset()
     for layer in sources:  # first: an unreachable source stops before gigabytes of wheels
         _check_out_source(layer, root, rootfs_of(layer), log)
     fetcher = Fetcher(mirrors=mirrors)
@@ -262,7 +273,9 @@ def stage_host_layers(plan: BuildPlan, root: Path, context: Path, *, log: Path,
             assemble_layer(layer, plan, root, rootfs, fetcher, log)
         if rootfs.is_dir():
             staged.add(layer.index)
-    (context / "Dockerfile").write_text(render_dockerfile(plan, staged, template_text(root)))
+    (context / "Dockerfile").write_text(render_dockerfile(plan, staged, template_text(root),
+                                                          frozenset(reused)))
+    return frozenset(reused)
 
 
 def _check_out_source(layer: PlanLayer, root: Path, rootfs: Path, log: Path) -> None:
@@ -279,34 +292,48 @@ def _check_out_source(layer: PlanLayer, root: Path, rootfs: Path, log: Path) -> 
                        cache=BlobStore().root, log=log)
 
 
-def needs_network(plan: BuildPlan) -> bool:
+def needs_network(plan: BuildPlan, reused: frozenset[int] = frozenset()) -> bool:
     """Whether a container build of ``plan`` must reach the network: some layer that runs in
     the container (not one frank assembles on the host and stages) declares it does (a
     source build's git clone, apt-get and pip; pip from an index; a patch fetched by URL).
     A post-install step or a kernel compiled in the image never does: it runs offline."""
     from frank.context import host_built
 
-    return any(layer.network and not host_built(layer) for layer in plan.layers)
+    return any(layer.network and not host_built(layer) and layer.index not in reused
+               for layer in plan.layers)
 
 
 def build_with_engine(plan: BuildPlan, root: Path, context: Path, out: Path,
                       engine_name: str, mirrors: tuple[Path, ...] = ()) -> BuildResult:
     """Build the Dockerfile context with a container engine, exported as an OCI layout."""
+    from frank import stepcache
     from frank.image.base import resolve_base
     from frank.image.engines import build_dockerfile, get_engine
     from frank.image.store import BlobStore
 
     store = BlobStore()
+    log = context.parent / "build.log"
     # the host's part first: a source that cannot be fetched stops before the base is made
-    stage_host_layers(plan, root, context, log=context.parent / "build.log", mirrors=mirrors)
+    reused = stage_host_layers(plan, root, context, log=log, mirrors=mirrors,
+                               store_root=store.root)
     base = resolve_base(root / "images" / f"{plan.base_image['name']}.toml", store)
     engine = get_engine(engine_name, store)
     digest = build_dockerfile(engine, context, out, base_layout=base.layout,
                               base_digest=base.digest,
                               source_date_epoch=plan.source_date_epoch,
-                              network=needs_network(plan))
+                              network=needs_network(plan, reused))
+    with log.open("a", encoding="utf-8") as note:
+        for layer in plan.layers:
+            if layer.stage is None:
+                continue
+            if layer.index in reused:
+                note.write(f"frank: {layer.name}: its stage's outputs were kept from a build "
+                           f"of key {layer.key[:16]}; not run again\n")
+            elif stepcache.save(store.root, layer, out):
+                note.write(f"frank: {layer.name}: outputs kept for key {layer.key[:16]}\n")
     return BuildResult(digest=digest, layout=out, builder=engine_name, why="",
-                       layers_built=len(plan.layers), layers_reused=0)
+                       layers_built=len(plan.layers) - len(reused),
+                       layers_reused=len(reused))
 
 
 # The step's line as it ran: buildah's echo of each RUN command holds the same words, quoted

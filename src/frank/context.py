@@ -133,23 +133,38 @@ def _layer_steps(layer: PlanLayer, staged: set[int], pip: bool = True) -> list[s
     return lines
 
 
-def _stage_lines(layer: PlanLayer, staged: set[int], current: str, n: int) -> list[str]:
+def _stage_lines(layer: PlanLayer, staged: set[int], current: str, n: int,
+                 reused: bool = False) -> list[str]:
     """A builder stage on ``current`` (the image so far), then the next stage of the final
-    chain (``frank-<n>``) taking only the stage's outputs, then its ``then`` steps."""
+    chain (``frank-<n>``) taking only the stage's outputs, then its ``then`` steps. With
+    ``reused``, the outputs kept from an earlier build of the same key (``stepcache``) are
+    copied from the context instead and the builder stage is left out. The chain stage's
+    last step names the layer's key, which is how ``stepcache`` finds it in the image."""
+    from frank.stepcache import marker
+
     stage = layer.stage
     assert stage is not None
     lines = ["# " + comment(f"layer {layer.index}: {layer.name} (key {layer.key[:16]}): "
-                            f"{layer.why}"),
-             f"FROM {current} AS {stage.name}"]
-    if layer.index in staged or host_built(layer) or stage.source is not None:
-        # the stage's inputs, not the image's (a git source: frank's checkout on the host)
-        lines.append(f"COPY {plain(f'layers/{layer_dir(layer)}/rootfs/')} /")
-    lines.append(run_instruction(stage.run))
-    lines.append(f"FROM {current} AS frank-{n}")
-    for out in stage.outputs:
-        lines.append(f"COPY --from={stage.name} {plain(out)} {plain(out)}")
-    if stage.then:
-        lines.append(run_instruction(stage.then))
+                            f"{layer.why}")]
+    if reused:
+        lines += ["# " + comment("its outputs are those kept from an earlier build of this "
+                                 "key: the stage is not run again"),
+                  f"FROM {current} AS frank-{n}"]
+        for out in stage.outputs:  # as the stage's copies are made: the same image history
+            lines.append(f"COPY {plain(f'layers/{layer_dir(layer)}/outputs{out}')} {plain(out)}")
+    else:
+        lines.append(f"FROM {current} AS {stage.name}")
+        if layer.index in staged or host_built(layer) or stage.source is not None:
+            # the stage's inputs, not the image's (a git source: frank's checkout on the host)
+            lines.append(f"COPY {plain(f'layers/{layer_dir(layer)}/rootfs/')} /")
+        lines.append(run_instruction(stage.run))
+        lines.append(f"FROM {current} AS frank-{n}")
+        for out in stage.outputs:
+            lines.append(f"COPY --from={stage.name} {plain(out)} {plain(out)}")
+    # (a RUN without the secret mounts when there is nothing else to run: a mount point
+    # could otherwise be left in the layer)
+    lines.append(run_instruction([*stage.then, marker(layer)]) if stage.then
+                 else f"RUN {marker(layer)}")
     return lines
 
 
@@ -175,7 +190,8 @@ def host_note(plan: BuildPlan, staged: set[int]) -> str:
             "builds them, and `--builder buildah|podman|docker` stages them here first.")
 
 
-def render_dockerfile(plan: BuildPlan, staged: set[int], template: str) -> str:
+def render_dockerfile(plan: BuildPlan, staged: set[int], template: str,
+                      reused: frozenset[int] = frozenset()) -> str:
     """A multi-stage Dockerfile: the engine stage, one build stage per kernel (compiled
     against the engine stage's torch), and a final stage that copies each kernel's built
     tree and adds plugins, data, the launcher and the lock."""
@@ -199,7 +215,8 @@ def render_dockerfile(plan: BuildPlan, staged: set[int], template: str) -> str:
             engine_part += [*_layer_steps(layer, staged), ""]
         elif layer.stage is not None:
             n = int(current.removeprefix("frank-")) + 1
-            final_part += [*_stage_lines(layer, staged, current, n), ""]
+            final_part += [*_stage_lines(layer, staged, current, n,
+                                         reused=layer.index in reused), ""]
             current = f"frank-{n}"
         elif layer.kind == "kernel" and not host_built(layer):
             stage = f"kernel-{layer.part}"

@@ -360,14 +360,15 @@ def _part_layer(locked: LockedPart, part: PartBase, root: Path) -> PlanLayer | N
         network=contribution.network)
 
 
-def _key_stages_on_below(layers: list[PlanLayer]) -> list[PlanLayer]:
+def _key_stages_on_below(layers: list[PlanLayer], base: dict[str, str]) -> list[PlanLayer]:
     """A builder stage runs on the image below it, so its layer's key covers every layer
-    below as well as its own inputs: the same inputs on another image are another build."""
+    below and the base image as well as its own inputs: the same inputs on another image
+    are another build (and the key is what its kept outputs are found by, ``stepcache``)."""
     out: list[PlanLayer] = []
     for layer in layers:
         if layer.stage is not None:
             layer = layer.model_copy(update={"key": sha256_json(
-                {"own": layer.key, "below": [x.key for x in out]})})
+                {"own": layer.key, "below": [x.key for x in out], "base": base})})
         out.append(layer)
     return out
 
@@ -431,7 +432,7 @@ def build_plan(lock: Lock, root: Path, closure: bytes | None = None) -> BuildPla
             key=sha256_json({"run": run, "engine": engine_lock.key}), inputs=engine_lock.inputs,
             files=[], generated=[], pip_install=[], run=run, why=path.why, impure=True,
             network=True))
-    layers = _key_stages_on_below(layers)
+    layers = _key_stages_on_below(layers, lock.base_image)
     layers = [x.model_copy(update={"index": i}) for i, x in enumerate(layers, 1)]
     launcher_text = LAUNCHER_SOURCE.read_text(encoding="utf-8")
     launcher_hash = sha256_bytes(launcher_text.encode())
