@@ -919,3 +919,65 @@ def test_a_steps_outputs_are_kept_by_its_key_and_it_is_not_run_again(
     changed, changed_digest, log = build("out3")
     assert changed != first and changed.endswith(f"{nonce}-2\n".encode())
     assert changed_digest != first_digest and "outputs kept for key" in log
+
+
+def test_kept_outputs_are_read_from_the_layers_up_to_the_stages_marker(tmp_path: Path) -> None:
+    """stepcache reads the output paths from the layers up to the one holding the stage's
+    marker, whiteouts honoured, and nothing outside the outputs; without its marker, or with
+    an output missing, nothing is kept."""
+    import hashlib
+    import io
+    import tarfile
+
+    from frank import stepcache
+    from frank.plan import PlanLayer, StageStep
+
+    layout = tmp_path / "image"
+    (layout / "blobs/sha256").mkdir(parents=True)
+
+    def blob(data: bytes) -> str:
+        digest = hashlib.sha256(data).hexdigest()
+        (layout / "blobs/sha256" / digest).write_bytes(data)
+        return f"sha256:{digest}"
+
+    def tar(files: dict[str, bytes]) -> bytes:
+        out = io.BytesIO()
+        with tarfile.open(fileobj=out, mode="w") as t:
+            for name, data in files.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+        return out.getvalue()
+
+    layer = PlanLayer(index=3, name="step:s", part="s", kind="step", key="ab" * 32, inputs={},
+                      files=[], generated=[], pip_install=[], run=[], why="",
+                      stage=StageStep(name="build-s", run=["true"], outputs=["/opt/out"]))
+    layers = [tar({"opt/out/old.txt": b"old", "opt/out/gone.txt": b"x", "etc/other": b"o"}),
+              tar({"opt/out/new.txt": b"new", "opt/out/.wh.gone.txt": b"", "usr/x": b"x"}),
+              tar({"opt/out/later.txt": b"after the stage"})]
+    history = [{"created_by": "base"}, {"created_by": "COPY x", "empty_layer": True},
+               {"created_by": f"/bin/sh -c {stepcache.marker(layer)}", "empty_layer": True},
+               {"created_by": "CMD []"}, {"created_by": "COPY later"}]
+
+    def write(hist: list[dict[str, object]]) -> None:
+        config = blob(json.dumps({"history": hist}).encode())
+        manifest = json.dumps({"schemaVersion": 2, "config": {
+            "mediaType": "application/vnd.oci.image.config.v1+json", "digest": config,
+            "size": 1}, "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
+                                    "digest": blob(x), "size": len(x)} for x in layers]})
+        mdig = blob(manifest.encode())
+        (layout / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [{
+            "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": mdig,
+            "size": len(manifest)}]}))
+        (layout / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+
+    write(history)
+    assert stepcache.save(tmp_path / "store", layer, layout)
+    kept = stepcache.cached(tmp_path / "store", layer)
+    assert kept is not None
+    got = {p.relative_to(kept).as_posix() for p in kept.rglob("*") if p.is_file()}
+    assert got == {"opt/out/old.txt", "opt/out/new.txt"}  # no whiteout, no later, no others
+    other = layer.model_copy(update={"key": "cd" * 32})
+    write([{"created_by": "base"}, {"created_by": "CMD []"}, {"created_by": "COPY later"}])
+    assert not stepcache.save(tmp_path / "store", other, layout)  # no marker: not kept
+    assert stepcache.cached(tmp_path / "store", other) is None

@@ -74,9 +74,11 @@ def save(store_root: Path, layer: PlanLayer, layout: Path) -> bool:
             return False
         (tmp / "done.json").write_text(json.dumps({"layer": layer.name, "key": layer.key,
                                                    "outputs": layer.stage.outputs}) + "\n")
-        if final.exists():  # another build kept the same key meanwhile: the same outputs
-            return True
-        tmp.rename(final)
+        try:
+            tmp.rename(final)
+        except OSError:  # another build kept the same key meanwhile: the same outputs
+            if not (final / "done.json").is_file():
+                raise
         return True
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
