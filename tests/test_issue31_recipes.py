@@ -216,7 +216,7 @@ def test_source_build_composes_offline_with_its_commit_in_the_lock(
     planned = next(x for x in BuildPlan.model_validate(plan).layers
                    if x.name == "package:demo-src")
     rootfs = tmp_path / "ctx" / "layers" / layer_dir(planned) / "rootfs"
-    _check_out_source(planned, repo, rootfs, tmp_path / "build.log")
+    _check_out_source(planned, repo, rootfs, tmp_path / "build.log", tmp_path / "store")
     assert f"COPY layers/{layer_dir(planned)}/rootfs/ /" in stage_text
     assert (rootfs / "opt/frank/src/demo-src/pkg/demo_pkg/__init__.py").is_file()
     assert (rootfs / "opt/frank/src/demo-src/third_party/sub/data.txt").is_file()

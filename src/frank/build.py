@@ -231,8 +231,7 @@ def _compile_kernel(layer: PlanLayer, root: Path, staging: Path, fetcher: Fetche
 
 
 def stage_host_layers(plan: BuildPlan, root: Path, context: Path, *, log: Path,
-                      mirrors: tuple[Path, ...] = (),
-                      store_root: Path | None = None) -> frozenset[int]:
+                      store_root: Path, mirrors: tuple[Path, ...] = ()) -> frozenset[int]:
     """Assemble the host-built layers into the context, so any container engine builds it,
     and the kept outputs of builder stages whose key an earlier build had (``stepcache``);
     returns the indexes of those stages, which are not run again.
@@ -243,7 +242,13 @@ def stage_host_layers(plan: BuildPlan, root: Path, context: Path, *, log: Path,
     from rich.console import Console
 
     from frank import stepcache
-    from frank.context import host_built, layer_dir, render_dockerfile, template_text
+    from frank.context import (
+        checked_out,
+        host_built,
+        layer_dir,
+        render_dockerfile,
+        template_text,
+    )
     from frank.fetch import Fetcher
 
     def rootfs_of(layer: PlanLayer) -> Path:
@@ -251,17 +256,16 @@ def stage_host_layers(plan: BuildPlan, root: Path, context: Path, *, log: Path,
 
     reused: set[int] = set()
     for layer in plan.layers:
-        kept = stepcache.cached(store_root, layer) if store_root and layer.stage else None
+        kept = stepcache.cached(store_root, layer) if layer.stage else None
         if kept is not None:
             stepcache.place(kept, context / "layers" / layer_dir(layer) / "outputs")
             reused.add(layer.index)
     host = [x for x in plan.layers if host_built(x)]
-    sources = [x for x in plan.layers if x.stage is not None and x.stage.source is not None
-               and x.index not in reused]
+    sources = [x for x in plan.layers if checked_out(x) and x.index not in reused]
     if not host and not sources and not reused:
         return frozenset()
     for layer in sources:  # first: an unreachable source stops before gigabytes of wheels
-        _check_out_source(layer, root, rootfs_of(layer), log)
+        _check_out_source(layer, root, rootfs_of(layer), log, store_root)
     fetcher = Fetcher(mirrors=mirrors)
     _fetch_inputs(host, fetcher, Console(stderr=True), log)
     staged = set()
@@ -278,25 +282,26 @@ def stage_host_layers(plan: BuildPlan, root: Path, context: Path, *, log: Path,
     return frozenset(reused)
 
 
-def _check_out_source(layer: PlanLayer, root: Path, rootfs: Path, log: Path) -> None:
+def _check_out_source(layer: PlanLayer, root: Path, rootfs: Path, log: Path,
+                      store_root: Path) -> None:
     """A source-built layer's git source, checked out on the host into its stage's inputs."""
     from frank import gitsource
     from frank.context import image_path_under
-    from frank.image.store import BlobStore
 
     assert layer.stage is not None and layer.stage.source is not None
     src = layer.stage.source
     dest = image_path_under(rootfs, src.dest, layer.name)
     shutil.rmtree(dest, ignore_errors=True)
     gitsource.checkout(src.repo, src.commit, src.submodules, dest, root=root,
-                       cache=BlobStore().root, log=log)
+                       cache=store_root, log=log)
 
 
 def needs_network(plan: BuildPlan, reused: frozenset[int] = frozenset()) -> bool:
     """Whether a container build of ``plan`` must reach the network: some layer that runs in
-    the container (not one frank assembles on the host and stages) declares it does (a
-    source build's git clone, apt-get and pip; pip from an index; a patch fetched by URL).
-    A post-install step or a kernel compiled in the image never does: it runs offline."""
+    the container (not one frank assembles on the host and stages, nor a stage whose kept
+    outputs are reused) declares it does (a source build's apt-get and pip; pip from an
+    index; a patch fetched by URL). A post-install step or a kernel compiled in the image
+    never does: it runs offline."""
     from frank.context import host_built
 
     return any(layer.network and not host_built(layer) and layer.index not in reused
@@ -314,8 +319,8 @@ def build_with_engine(plan: BuildPlan, root: Path, context: Path, out: Path,
     store = BlobStore()
     log = context.parent / "build.log"
     # the host's part first: a source that cannot be fetched stops before the base is made
-    reused = stage_host_layers(plan, root, context, log=log, mirrors=mirrors,
-                               store_root=store.root)
+    reused = stage_host_layers(plan, root, context, log=log, store_root=store.root,
+                               mirrors=mirrors)
     base = resolve_base(root / "images" / f"{plan.base_image['name']}.toml", store)
     engine = get_engine(engine_name, store)
     digest = build_dockerfile(engine, context, out, base_layout=base.layout,

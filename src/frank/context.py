@@ -35,6 +35,11 @@ def host_built(layer: PlanLayer) -> bool:
     return bool(layer.wheels or layer.patch or layer.build_wheels or layer.kernel)
 
 
+def checked_out(layer: PlanLayer) -> bool:
+    """Whether frank checks this builder stage's git source out on the host (gitsource)."""
+    return layer.stage is not None and layer.stage.source is not None
+
+
 def layer_dir(layer: PlanLayer) -> str:
     """A layer's folder name in the context."""
     return f"{layer.index:02d}-{layer.name.replace(':', '-')}"
@@ -154,7 +159,7 @@ def _stage_lines(layer: PlanLayer, staged: set[int], current: str, n: int,
             lines.append(f"COPY {plain(f'layers/{layer_dir(layer)}/outputs{out}')} {plain(out)}")
     else:
         lines.append(f"FROM {current} AS {stage.name}")
-        if layer.index in staged or host_built(layer) or stage.source is not None:
+        if layer.index in staged or host_built(layer) or checked_out(layer):
             # the stage's inputs, not the image's (a git source: frank's checkout on the host)
             lines.append(f"COPY {plain(f'layers/{layer_dir(layer)}/rootfs/')} /")
         lines.append(run_instruction(stage.run))
@@ -178,8 +183,7 @@ def template_text(root: Path) -> str:
 
 def host_note(plan: BuildPlan, staged: set[int]) -> str:
     """Which builder this context is for: host-built layers need frank to stage them."""
-    host = [x for x in plan.layers
-            if host_built(x) or (x.stage is not None and x.stage.source is not None)]
+    host = [x for x in plan.layers if host_built(x) or checked_out(x)]
     if not host:
         return "Builds with buildah, podman or docker as it is."
     if all(x.index in staged for x in host):

@@ -56,6 +56,11 @@ def _git(args: list[str], *, cwd: Path | None, log: Path, what: str,
     return proc.stdout.strip()
 
 
+def _has_commit(mirror: Path, commit: str) -> bool:
+    return subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=mirror,
+                          capture_output=True, check=False).returncode == 0
+
+
 def checkout(repo: str, commit: str, submodules: bool, dest: Path, *, root: Path,
              cache: Path, log: Path) -> None:
     """Place the tree of ``repo`` at ``commit`` (and its submodules) at ``dest``, which must
@@ -71,14 +76,11 @@ def checkout(repo: str, commit: str, submodules: bool, dest: Path, *, root: Path
             tmp = Path(tempfile.mkdtemp(prefix=".clone-", dir=mirror.parent))
             _git(["init", "--bare", "-q", str(tmp)], cwd=None, log=log, what="git init")
             tmp.rename(mirror)
-        have = subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=mirror,
-                              capture_output=True, check=False).returncode == 0
-        if not have:
+        if not _has_commit(mirror, commit):
             _git(["fetch", "-q", "--no-tags", repo, "+refs/heads/*:refs/frank/heads/*",
                   "+refs/tags/*:refs/frank/tags/*"], cwd=mirror, log=log,
                  what=f"fetching {repo}", local=local)
-            if subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=mirror,
-                              capture_output=True, check=False).returncode != 0:
+            if not _has_commit(mirror, commit):
                 _git(["fetch", "-q", "--no-tags", repo, commit], cwd=mirror, log=log,
                      what=f"fetching commit {commit} of {repo}", local=local)
     work = Path(tempfile.mkdtemp(prefix=".checkout-", dir=mirror.parent))

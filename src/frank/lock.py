@@ -120,10 +120,8 @@ def verify_fetched(resolved: Resolved, previous: Lock | None,
             continue
         claim = "true" if part.touches_compiled else "false"
         verdict = f"{claim}: checked on the fetched diff (sha256 {part.sha256})"
-        if _recorded(previous, part.name, rp.inputs, verdict) or any(
-                k.get("name") == part.name and k.get("inputs") == rp.inputs
-                and (k.get("verified") or {}).get("touches_compiled") == verdict
-                for k in known or []) or any(
+        if _recorded(previous, part.name, rp.inputs, verdict) \
+                or _kept(known, part.name, rp.inputs, verdict) or any(
                 _recorded(other, part.name, rp.inputs, verdict) for other in siblings()):
             out[part.name] = {"touches_compiled": verdict}
             continue
@@ -148,6 +146,15 @@ def _recorded(lock: Lock | None, name: str, inputs: dict[str, str], verdict: str
     old = lock.part(name) if lock is not None else None
     return old is not None and old.inputs == inputs \
         and old.verified.get("touches_compiled") == verdict
+
+
+def _kept(known: list[dict[str, Any]] | None, name: str, inputs: dict[str, str],
+          verdict: str) -> bool:
+    """``_recorded`` for the checks a revert kept in its history line (name, inputs,
+    verified of each part it took out)."""
+    return any(k.get("name") == name and k.get("inputs") == inputs
+               and (k.get("verified") or {}).get("touches_compiled") == verdict
+               for k in known or [])
 
 
 def build_lock(resolved: Resolved, python_closure: dict[str, str] | None = None,

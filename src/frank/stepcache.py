@@ -37,8 +37,13 @@ def cached(store_root: Path, layer: PlanLayer) -> Path | None:
     return folder / "tree" if (folder / "done.json").is_file() else None
 
 
+def _image_path(name: str) -> PurePosixPath:
+    """A layer tar member's name as an absolute image path (``./opt/x``, ``opt/x``)."""
+    return PurePosixPath("/" + name.removeprefix("./").lstrip("/"))
+
+
 def _under(name: str, outputs: list[PurePosixPath]) -> bool:
-    path = PurePosixPath("/" + name.lstrip("./").lstrip("/"))
+    path = _image_path(name)
     return any(path == out or out in path.parents for out in outputs)
 
 
@@ -90,7 +95,7 @@ def _apply(blob: Path, tree: Path, outputs: list[PurePosixPath]) -> None:
         for member in tar:
             if not _under(member.name, outputs) and not _whiteout_under(member.name, outputs):
                 continue
-            name = PurePosixPath(member.name.lstrip("./").lstrip("/"))
+            name = _image_path(member.name).relative_to("/")
             if name.name == ".wh..wh..opq":  # the folder's lower entries are hidden
                 folder = tree / name.parent
                 if folder.is_dir():
@@ -104,7 +109,7 @@ def _apply(blob: Path, tree: Path, outputs: list[PurePosixPath]) -> None:
 
 
 def _whiteout_under(name: str, outputs: list[PurePosixPath]) -> bool:
-    path = PurePosixPath("/" + name.lstrip("./").lstrip("/"))
+    path = _image_path(name)
     if not path.name.startswith(".wh."):
         return False
     hidden = path.parent / path.name.removeprefix(".wh.")

@@ -67,7 +67,9 @@ Status = Literal["served", "candidate", "parked", "rejected"]
 
 
 class Strict(BaseModel):
-    """Base of every model: unknown fields are refused, values are immutable."""
+    """Base of every model: unknown fields are refused, values are immutable. A model's
+    validator is built when it is first used (``defer_build``), not when its module is
+    imported: a read command builds only the models it validates."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
