@@ -58,8 +58,8 @@ def pip_wheel() -> Path:
 
 def context_for(stack: Path, ctx: Path) -> int:
     """Write the Dockerfile context for stack's locked closure; return the wheel count."""
-    from frank import closure
-    from frank.resolve import resolve
+    from frank.resolve import closure
+    from frank.resolve.resolver import resolve
 
     resolved = resolve(stack, ROOT)
     request = closure.request_for(resolved)
@@ -83,9 +83,9 @@ def context_for(stack: Path, ctx: Path) -> int:
 
 def buildah_once(stack: Path, work: Path) -> tuple[float, str, int]:
     """One buildah build from an empty engine storage: seconds, image digest, bytes."""
-    from frank.image.base import resolve_base
-    from frank.image.engines import build_dockerfile, get_engine
-    from frank.image.store import BlobStore
+    from frank.build.base import resolve_base
+    from frank.build.engines import build_dockerfile, get_engine
+    from frank.store.blobs import BlobStore
 
     cache = work / "cache"
     os.environ["FRANK_CACHE"] = str(cache)

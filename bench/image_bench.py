@@ -29,10 +29,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from frank.image.base import BaseImage, layout_from_rootfs, resolve_base
+from frank.build.base import resolve_base
+from frank.build.baselayout import BaseImage, layout_from_rootfs
 from frank.image.oci import build_image, read_layout
 from frank.image.spec import ImageSpec, LayerInput
-from frank.image.store import BlobStore
+from frank.store.blobs import BlobStore
 
 REPO = Path(__file__).resolve().parents[1]
 EPOCH = 1_700_000_000
@@ -98,7 +99,7 @@ NOOP_SCRIPT = """
 import sys, pickle
 from pathlib import Path
 from frank.image.oci import build_image
-from frank.image.store import BlobStore
+from frank.store.blobs import BlobStore
 spec = pickle.loads(Path(sys.argv[1]).read_bytes())
 print(build_image(spec, BlobStore(Path(sys.argv[2])), Path(sys.argv[3])))
 """

@@ -5,7 +5,7 @@ bare interpreter start (issue 31, item 15: goal at most 12x `python -c pass`).
 Each command runs N times as a fresh process, interleaved with the bare interpreter start
 (`python -c pass`, the unit) so that machine noise hits all alike; the table gives
 medians, min and max, and each median over the bare one. `frank lock --check` and
-`frank diff` keep their answer until anything it read changes (frank.memo), so they are
+`frank diff` keep their answer until anything it read changes (frank.store.memo), so they are
 measured both ways: "kept" (the usual run in a hook: nothing changed since the last one)
 and "worked out" (FRANK_NO_ANSWER_CACHE=1: every stack resolved and hashed again).
 The answers are kept in a temporary cache of this run, warmed by one untimed run each.
@@ -123,7 +123,7 @@ def main() -> None:
             "is its median over the median of `python -c pass` (the goal's measure), "
             "`min/min` its fastest run over the fastest bare start (less hit by other "
             "work on a shared machine). \"kept\": the answer kept "
-            "by frank.memo holds (nothing it read changed); \"worked out\": "
+            "by frank.store.memo holds (nothing it read changed); \"worked out\": "
             "FRANK_NO_ANSWER_CACHE=1, every stack resolved, hashed and checked again. "
             f"Bytecode caching on, as for an installed package{unset}.\n\n"
             "```\n" + "\n".join(lines) + "\n```\n")

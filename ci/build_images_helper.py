@@ -58,7 +58,7 @@ def lock_digest(lock_file: Path) -> str:
 
 def print_check(layout: Path, lock_file: Path, out_dir: Path, what: str) -> str:
     """Run the image's entrypoint with --print; its lock digest must be the lock file's."""
-    from frank.image.engines import run_image
+    from frank.build.engines import run_image
 
     want = lock_digest(lock_file)
     proc = run_image(layout, ["--print"], check=False, timeout=300)
@@ -85,7 +85,7 @@ def print_check(layout: Path, lock_file: Path, out_dir: Path, what: str) -> str:
 
 def smoke(ref: str, lock_file: Path, out_dir: Path) -> str:
     """Pull ``ref`` back from the registry by digest, then run the --print check on it."""
-    from frank.image.registry import pull_layout
+    from frank.image.remote import pull_layout
 
     repo, sep, digest = ref.rpartition("@")
     if not sep or not digest.startswith("sha256:"):

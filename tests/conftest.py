@@ -18,6 +18,6 @@ def repo(tmp_path: Path) -> Path:
 
 @pytest.fixture(autouse=True, scope="session")
 def _answer_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Kept answers of `frank lock --check` and `frank diff` (frank.memo) go to a folder of
+    """Kept answers of `frank lock --check` and `frank diff` (frank.store.memo) go to a folder of
     this test session, not the user's cache; every test still goes through them."""
     os.environ.setdefault("FRANK_CACHE_DIR", str(tmp_path_factory.mktemp("frank-cache")))

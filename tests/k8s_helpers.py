@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from frank.image.pushes import PushRecord, record_push
+from frank.ship.pushes import PushRecord, record_push
 from tests.spine_helpers import Result
 
 K8S_VERSION = "1.37.0"  # the newest schemas kubernetes-validate 1.37.0 ships
@@ -20,7 +20,7 @@ K8S_VERSION = "1.37.0"  # the newest schemas kubernetes-validate 1.37.0 ships
 
 def lock_digest(repo: Path, stack: str) -> str:
     """The stack's current lock digest (locked in memory, as render locks it)."""
-    from frank.project import lock_stack
+    from frank.resolve.project import lock_stack
 
     return lock_stack(str(repo / "stacks" / f"{stack}.toml")).lock.digest
 

@@ -20,14 +20,16 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from frank.build.base import resolve_base
+from frank.build.baselayout import BaseImage
+from frank.build.debs.build import debs_base
 from frank.errors import FrankError
-from frank.fetch import Fetcher
-from frank.image.base import BaseImage, load_image_file, resolve_base
-from frank.image.debs.build import debs_base
-from frank.image.debs.lock import DebsSource, current_lock, lock_path, read_lock, write_lock
-from frank.image.debs.resolver import resolve_lock
 from frank.image.oci import read_layout
-from frank.image.store import BlobStore
+from frank.model.imagefile import DebsSource, load_image_file
+from frank.resolve.debs.lock import current_lock, lock_path, read_lock, write_lock
+from frank.resolve.debs.resolver import resolve_lock
+from frank.store.blobs import BlobStore
+from frank.store.fetch import Fetcher
 
 REPO = Path(__file__).resolve().parents[1]
 needs_dpkg = pytest.mark.skipif(shutil.which("dpkg-deb") is None, reason="dpkg-deb missing")
@@ -257,7 +259,7 @@ def test_layer_is_the_debs_data_and_dpkg_status(tmp_path: Path, fake_archive: Pa
 
 
 def test_stack_lock_covers_the_deb_lock(tmp_path: Path, fake_archive: Path) -> None:
-    from frank.resolve import load_base_image
+    from frank.resolve.resolver import load_base_image
 
     f, _ = _locked(tmp_path, fake_archive)
     stack = tmp_path / "stacks" / "s.toml"
@@ -266,7 +268,7 @@ def test_stack_lock_covers_the_deb_lock(tmp_path: Path, fake_archive: Path) -> N
     lock_path(f).unlink()
     with pytest.raises(FrankError) as exc:
         load_base_image(tmp_path, "fake", stack)
-    assert "fake.debs.lock" in exc.value.one_line() and "frank.image.debs lock" in str(exc.value)
+    assert "fake.debs.lock" in exc.value.one_line() and "frank.cli.debs lock" in str(exc.value)
 
 
 def test_lock_command_and_offline_check(tmp_path: Path, fake_archive: Path) -> None:

@@ -19,13 +19,14 @@ from pathlib import Path
 
 import pytest
 
-from frank.closure import ClosureRequest, select_wheels
+from frank.build.patching import apply_to_wheel
+from frank.build.wheel import build_wheel
 from frank.errors import FrankError
-from frank.fetch import Fetcher, Pinned
-from frank.image.store import BlobStore
-from frank.kinds.patch import touches_compiled
-from frank.patching import apply_to_wheel, split_diff
-from frank.wheelbuild import build_wheel
+from frank.model.diffs import split_diff
+from frank.model.kinds.patch import touches_compiled
+from frank.resolve.closure import ClosureRequest, select_wheels
+from frank.store.blobs import BlobStore
+from frank.store.fetch import Fetcher, Pinned
 from tests.spine_helpers import frank
 
 COMMIT = "a" * 40
@@ -386,8 +387,8 @@ def test_an_unreachable_patch_url_stops_the_build_in_one_line(repo: Path,
 
 
 def test_a_package_part_may_only_override_or_remove(tmp_path: Path) -> None:
-    from frank.kinds.base import PartContext
-    from frank.kinds.package import Package
+    from frank.model.kinds.base import PartContext
+    from frank.model.kinds.package import Package
 
     part = Package.model_validate({
         "kind": "package", "name": "flashinfer-swap", "version": "1", "summary": "s",

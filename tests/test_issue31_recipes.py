@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from frank.archs import parse_arch, spell_archs
 from frank.errors import FrankError
 from frank.hashing import sha256_bytes
-from frank.kinds.base import PartContext
+from frank.model.archs import parse_arch, spell_archs
+from frank.model.kinds.base import PartContext
 from tests.spine_helpers import frank
 
 COMMON = """
@@ -95,8 +95,8 @@ def test_a_wrong_arch_name_is_refused(bad: str) -> None:
 
 
 def test_kernel_and_engine_take_either_spelling() -> None:
-    from frank.kinds.engine import torch_arch_list
-    from frank.kinds.kernel import Kernel
+    from frank.model.kinds.engine import torch_arch_list
+    from frank.model.kinds.kernel import Kernel
 
     k = Kernel.model_validate({
         "kind": "kernel", "name": "k", "version": "1", "summary": "s", "status": "parked",
@@ -187,7 +187,7 @@ def test_source_build_composes_offline_with_its_commit_in_the_lock(
     assert stage["outputs"] == ["/opt/frank/wheels/demo-src"]
     run = " && ".join(stage["run"])
     # a base of pinned .debs has no apt source list: the stage writes Debian's before apt runs
-    from frank.kinds.package import APT_SOURCES
+    from frank.model.kinds.package import APT_SOURCES
 
     assert stage["run"].index(APT_SOURCES) < next(
         i for i, s in enumerate(stage["run"]) if s.startswith("apt-get update"))
@@ -209,9 +209,9 @@ def test_source_build_composes_offline_with_its_commit_in_the_lock(
     stage_text = dockerfile[dockerfile.index("AS build-demo-src"):]
     assert stage_text.index("COPY layers/") < stage_text.index("RUN ")
     # what a container build stages there first: frank's checkout at the stage's path
-    from frank.build import _check_out_source
-    from frank.context import layer_dir
-    from frank.plan import BuildPlan
+    from frank.build.builder import _check_out_source
+    from frank.build.context import layer_dir
+    from frank.build.plan import BuildPlan
 
     planned = next(x for x in BuildPlan.model_validate(plan).layers
                    if x.name == "package:demo-src")
@@ -232,8 +232,8 @@ def test_builder_stage_commands_build_the_pinned_commit_with_submodules(
     """frank's checkout of the source on the host, then the stage's own commands (less
     apt-get and the build requires, which need the network) run by sh: the wheel is built
     at the pinned commit, with its submodule, hashed, then checked and installed --no-deps."""
-    from frank import gitsource
-    from frank.kinds.package import Package, SourceBuild, source_build_layer
+    from frank.model.kinds.package import Package, SourceBuild, source_build_layer
+    from frank.store import gitsource
 
     src, commit = source_repo
     source_part(repo, src, commit)
@@ -251,7 +251,7 @@ def test_builder_stage_commands_build_the_pinned_commit_with_submodules(
     gitsource.checkout(stage.source.repo, stage.source.commit, True,
                        prefix / stage.source.dest.lstrip("/"), root=repo,
                        cache=tmp_path / "cache", log=log)
-    from frank.kinds.package import APT_SOURCES
+    from frank.model.kinds.package import APT_SOURCES
 
     steps = [s.replace("/opt/frank", str(prefix / "opt/frank")) for s in stage.run
              if not s.startswith("apt-get") and s != APT_SOURCES]
@@ -282,7 +282,7 @@ def test_builder_stage_commands_build_the_pinned_commit_with_submodules(
 
 def test_a_git_source_is_checked_out_on_the_host_only_as_pinned(
         repo: Path, source_repo: tuple[Path, str], tmp_path: Path) -> None:
-    from frank import gitsource
+    from frank.store import gitsource
 
     src, commit = source_repo
     log = tmp_path / "git.log"
@@ -334,7 +334,7 @@ def test_an_unfetchable_source_stops_the_build_first_naming_the_kept_log(
 def test_source_build_declarations_are_checked() -> None:
     from pydantic import ValidationError
 
-    from frank.kinds.package import SourceBuild
+    from frank.model.kinds.package import SourceBuild
 
     for bad, why in [({"requires": ["wheel>=0.45"]}, "pinned to one version with =="),
                      ({"system_packages": ["cmake; rm -rf /"]}, "Debian package name"),
@@ -426,7 +426,7 @@ def test_binary_folder_is_hashed_as_a_tree_placed_and_pointed_at(repo: Path,
 
 def test_binary_folder_pinned_hash_link_out_and_missing_path(repo: Path) -> None:
     from frank.hashing import sha256_tree
-    from frank.kinds.binary import Binary
+    from frank.model.kinds.binary import Binary
 
     folder = binary_folder(repo)
     good = sha256_tree(folder)
@@ -531,8 +531,8 @@ def test_only_a_build_that_runs_network_commands_keeps_the_network(repo: Path,
     """A post-install step runs offline: its container build is cut off the network. A
     source build's git clone, apt-get and pip need it; the shipped served stacks run nothing
     in a container at all."""
-    from frank.build import needs_network
-    from frank.plan import BuildPlan
+    from frank.build.builder import needs_network
+    from frank.build.plan import BuildPlan
 
     step_part(repo, ["/opt/frank/jit/cache"])
     child(repo, "stepped", {"jit-step": "1"})
@@ -550,7 +550,7 @@ def test_only_a_build_that_runs_network_commands_keeps_the_network(repo: Path,
 
 
 def test_an_output_the_step_does_not_produce_is_an_error(tmp_path: Path) -> None:
-    from frank.kinds.step import Step
+    from frank.model.kinds.step import Step
 
     def stage(run: str, outputs: list[str], removes: list[str] | None = None) -> list[str]:
         step = Step.model_validate({
@@ -581,7 +581,7 @@ def test_an_output_the_step_does_not_produce_is_an_error(tmp_path: Path) -> None
 def test_a_failed_build_quotes_the_steps_own_line_not_buildahs_echo(tmp_path: Path) -> None:
     """buildah echoes each RUN command (the step's words inside it, quoted) and shares one
     pipe with the container's stderr, so the line can come mid-line after a progress note."""
-    from frank.build import _step_failure
+    from frank.build.builder import _step_failure
 
     echo = ("STEP 6/9: RUN { test -e /opt/frank/gen || { echo 'frank: step gen-step did not "
             "produce its output /opt/frank/gen' >&2; exit 1; }; }\n")
@@ -598,7 +598,7 @@ def test_a_failed_build_quotes_the_steps_own_line_not_buildahs_echo(tmp_path: Pa
 def test_a_step_must_declare_what_it_produces() -> None:
     from pydantic import ValidationError
 
-    from frank.kinds.step import Step
+    from frank.model.kinds.step import Step
 
     base = {"kind": "step", "name": "s", "version": "1", "summary": "s", "status": "candidate",
             "provenance": {"licence": "MIT"}, "revert": {"action": "remove"}, "run": "true"}
@@ -623,7 +623,7 @@ def test_the_embedded_builder_refuses_a_step(repo: Path, tmp_path: Path) -> None
 # --- item 6: import smoke checks ---------------------------------------------------------
 
 def test_import_checks_run_before_the_engine(tmp_path: Path) -> None:
-    from frank.launch import main
+    from frank.run.launch import main
 
     lock = {"parts": [{"name": "good", "spec": {"check": {"imports": ["json", "os.path"]}}},
                       {"name": "bad", "spec": {"check": {"imports": ["no_such_module_31"]}}}],
@@ -632,8 +632,8 @@ def test_import_checks_run_before_the_engine(tmp_path: Path) -> None:
     path.write_text(json.dumps({**lock, "parts": lock["parts"][:1]}))
     assert main(["--lock", str(path), "--check"]) == 0
     path.write_text(json.dumps(lock))
-    done = subprocess.run([sys.executable, "-m", "frank.launch", "--lock", str(path), "--check"],
-                          capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "frank.run.launch", "--lock", str(path),
+                           "--check"], capture_output=True, text=True)
     assert done.returncode == 2
     assert done.stderr.strip().startswith("frank-launch: error: check of bad: import "
                                           "no_such_module_31 failed: ModuleNotFoundError")
@@ -672,7 +672,7 @@ CHANGED_CU = NEW_CU.replace("new file mode 100644\n--- /dev/null", "--- a/csrc/n
 
 
 def test_new_cuda_sources_the_wheel_never_compiles_are_python_only() -> None:
-    from frank.kinds.patch import touches_compiled
+    from frank.model.kinds.patch import touches_compiled
 
     assert touches_compiled(NEW_CU) is False  # a new .cu nothing names: never compiled
     assert touches_compiled(CHANGED_CU) is True  # an existing compiled file changed
@@ -847,7 +847,7 @@ def test_a_step_builds_in_a_container_and_its_layer_holds_only_its_output(
     with_output = [x for x in layers if "opt/frank/gen/archs.txt" in x]
     assert len(with_output) == 1
     assert with_output[0]["opt/frank/gen/archs.txt"] == b"12.0f\n"  # frank's spelling
-    from frank.image.engines import can_cut_network
+    from frank.build.engines import can_cut_network
 
     if can_cut_network():  # a step never reaches the network (PyPI answers this machine)
         assert with_output[0]["opt/frank/gen/network.txt"] == b"offline\n"
@@ -929,8 +929,8 @@ def test_kept_outputs_are_read_from_the_layers_up_to_the_stages_marker(tmp_path:
     import io
     import tarfile
 
-    from frank import stepcache
-    from frank.plan import PlanLayer, StageStep
+    from frank.build import stepcache
+    from frank.build.plan import PlanLayer, StageStep
 
     layout = tmp_path / "image"
     (layout / "blobs/sha256").mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""frank.kernelbuild compiles rs8 on the host with its pinned toolchain (no GPU needed).
+"""frank.build.kernel compiles rs8 on the host with its pinned toolchain (no GPU needed).
 
 The toolchain wheels (about 110 MB from PyPI) are fetched once per machine into the
 default frank cache and handed to each test's own cache as a mirror folder, so the
@@ -17,17 +17,17 @@ from pathlib import Path
 
 import pytest
 
-from frank import kernelbuild
-from frank.catalog import load_manifest
+from frank.build import kernel as kernelbuild
 from frank.errors import FrankError
-from frank.fetch import Fetcher, Pinned
 from frank.hashing import sha256_file
-from frank.image.store import BlobStore
-from frank.kinds import PART_ADAPTER
-from frank.kinds.base import PartContext
-from frank.kinds.engine import PinnedWheel
-from frank.kinds.kernel import Kernel
-from frank.tomlio import read_toml
+from frank.model.catalog import load_manifest
+from frank.model.kinds import PART_ADAPTER
+from frank.model.kinds.base import PartContext
+from frank.model.kinds.engine import PinnedWheel
+from frank.model.kinds.kernel import Kernel
+from frank.model.tomlio import read_toml
+from frank.store.blobs import BlobStore
+from frank.store.fetch import Fetcher, Pinned
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = ROOT / "parts" / "rs8" / "1.toml"

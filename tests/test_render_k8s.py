@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from frank.render.crd import lws_errors
+from frank.ship.render.crd import lws_errors
 from tests.k8s_helpers import docs, fake_layout, kubernetes_validate, lock_digest, pushed
 from tests.spine_helpers import frank, snapshot
 
@@ -254,7 +254,7 @@ def test_launcher_fetch_only_checks_the_weights(tmp_path: Path, capsys: object) 
     """The init step (`frank-launch --fetch-only`) checks every sha256 and starts nothing."""
     import hashlib
 
-    from frank import launch
+    from frank.run import launch
 
     folder = tmp_path / "model"
     folder.mkdir()

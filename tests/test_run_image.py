@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from frank.image.engines import storage_driver
+from frank.build.engines import storage_driver
 from tests.fixtures.local_hub import publish
 from tests.fixtures.tiny_model import build_tiny_model
 from tests.spine_helpers import copy_repo, processes_mentioning
@@ -127,7 +127,7 @@ def one_line(result: subprocess.CompletedProcess[str], *needles: str) -> str:
 
 
 def frank_containers() -> set[str]:
-    engine = subprocess.run([sys.executable, "-c", "from frank.image.engines import "
+    engine = subprocess.run([sys.executable, "-c", "from frank.build.engines import "
                              "get_engine; print(' '.join(get_engine('buildah').base_args()))"],
                             capture_output=True, text=True, check=True).stdout.split()
     out = subprocess.run([*engine, "containers", "--format", "{{.ContainerName}}"],

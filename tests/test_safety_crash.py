@@ -25,10 +25,10 @@ import pytest
 import frank.cli.compose
 import frank.cli.lock
 import frank.cli.revert
-import frank.undo
-from frank import outdir
+import frank.history.undo
 from frank.cli import cli
 from frank.errors import FrankError
+from frank.image import outdir
 from tests.spine_helpers import copy_repo, frank
 
 COUNTS: dict[str, int] = {}
@@ -267,7 +267,7 @@ def test_compose_clears_what_killed_composes_left(repo: Path) -> None:
 _HOLD = """
 import sys, time
 from pathlib import Path
-from frank.image.store import BlobStore
+from frank.store.blobs import BlobStore
 BlobStore(Path(sys.argv[1]))
 print("ready", flush=True)
 time.sleep(60)
@@ -277,7 +277,7 @@ time.sleep(60)
 def test_cache_temp_files_are_removed_once_nobody_uses_the_cache(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     open_store = [sys.executable, "-c", "import sys; from pathlib import Path; "
-                  "from frank.image.store import BlobStore; BlobStore(Path(sys.argv[1]))",
+                  "from frank.store.blobs import BlobStore; BlobStore(Path(sys.argv[1]))",
                   str(cache)]
     subprocess.run(open_store, check=True)
     stale = [cache / "tmp" / ".blob-abc", cache / "tmp" / "stage-xyz"]
@@ -379,8 +379,8 @@ def test_concurrent_composes_of_one_output(template: Path, tmp_path: Path) -> No
 
 @pytest.fixture
 def mini(tmp_path: Path) -> Any:
-    from frank.image.base import BaseImage, layout_from_rootfs
-    from frank.image.store import BlobStore
+    from frank.build.baselayout import BaseImage, layout_from_rootfs
+    from frank.store.blobs import BlobStore
 
     root = tmp_path / "base-rootfs"
     (root / "etc").mkdir(parents=True)
@@ -412,7 +412,7 @@ def test_layer_index_pointing_at_another_blob_is_a_miss(mini: Any, tmp_path: Pat
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     from frank.image.layer import index_key
     from frank.image.oci import build_image, read_layout
-    from frank.image.store import BlobStore
+    from frank.store.blobs import BlobStore
 
     monkeypatch.setenv("FRANK_VERIFY", verify)
     base, _ = mini
@@ -434,7 +434,7 @@ def test_layer_index_pointing_at_another_blob_is_a_miss(mini: Any, tmp_path: Pat
 
 def test_a_corrupt_blob_with_a_matching_stamp_never_goes_out(mini: Any, tmp_path: Path) -> None:
     from frank.image.oci import build_image, read_layout
-    from frank.image.store import BlobStore
+    from frank.store.blobs import BlobStore
 
     base, _ = mini
     store = BlobStore(tmp_path / "cache")

@@ -96,7 +96,7 @@ def test_a_required_part_names_every_dependent_and_offers_the_chain(repo: Path) 
 
 def test_dependents_are_found_through_the_chain(repo: Path) -> None:
     """A part required by a part that is itself required: both named, nearest first."""
-    from frank.revert import dependents_of
+    from frank.history.revert import dependents_of
 
     assert dependents_of("a", {"a": [], "b": ["a"], "c": ["b"], "d": ["x"]}) == ["b", "c"]
     assert dependents_of("vllm-base", {"mhc-overlap": ["vllm-base"],

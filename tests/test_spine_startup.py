@@ -1,7 +1,7 @@
 """Read commands start fast (issue 31, item 15) and a kept answer is never a wrong one.
 
 `frank lock --check` and `frank diff` keep their answer with everything the work read
-(frank.memo); these tests change each kind of thing an answer depends on and check that
+(frank.store.memo); these tests change each kind of thing an answer depends on and check that
 the next run sees it, and that a run whose inputs did not change imports no pydantic.
 """
 
@@ -152,7 +152,7 @@ def test_help_lists_commands_without_importing_them(repo: Path) -> None:
 
 
 def test_the_answer_folder_stays_small(tmp_path: Path) -> None:
-    from frank import memo
+    from frank.store import memo
 
     folder = tmp_path / "answers"
     folder.mkdir()
@@ -167,7 +167,7 @@ def test_the_answer_folder_stays_small(tmp_path: Path) -> None:
 
 def test_work_that_writes_runs_or_reads_a_fresh_file_is_not_kept(
         tmp_path: Path, cache: Path) -> None:
-    from frank import memo
+    from frank.store import memo
 
     data = tmp_path / "in" / "data.txt"  # not beside the cache: its folder is listed
     data.parent.mkdir()

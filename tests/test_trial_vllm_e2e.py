@@ -2,7 +2,7 @@
 the same stack without it (A, a child stack with ``remove = ["region-cache"]``).
 
 3 + 3 engine starts in one of the 20 balanced orders (p = 1/20 at best, alpha 0.05), each a
-real `frank.launch` of the sealed lock; the workload replays chat requests that share a
+real `frank.run.launch` of the sealed lock; the workload replays chat requests that share a
 long first region; the metric is the server's time outside queueing and prefill per
 request, from vLLM's own /metrics. Checks: the sealed order was followed (and each start
 served its arm's stack), the decision equals a hand computation from the recorded values,

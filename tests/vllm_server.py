@@ -39,7 +39,7 @@ if str(TESTS) not in sys.path:
 
 from fixtures.tiny_model import build_tiny_model  # noqa: E402
 
-from frank.procs import group_members  # noqa: E402
+from frank.run.procs import group_members  # noqa: E402
 
 SERVED_NAME = "tiny"
 # Env prefixes that must not leak from the caller into a test server.

@@ -6,8 +6,9 @@ import hashlib
 import json
 import os
 import subprocess
+from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from frank.errors import FrankError
 
@@ -89,6 +90,27 @@ def check_link_inside(link: Path, root: Path) -> None:
                          "outside its tree", file=link)
 
 
+class TreeObserver(Protocol):
+    """Told of every tree hashed: how frank.store.memo learns what an answer depended on,
+    without this leaf module knowing the memo (it registers itself with ``observe_trees``)."""
+
+    def listing(self) -> AbstractContextManager[object]:
+        """Entered while the tree's file list is read (git runs then)."""
+        ...
+
+    def hashed(self, root: Path, digest: str) -> None:
+        """The tree at ``root`` hashed to ``digest``."""
+        ...
+
+
+_OBSERVERS: list[TreeObserver] = []
+
+
+def observe_trees(observer: TreeObserver) -> None:
+    """Register ``observer`` for every later ``sha256_tree``."""
+    _OBSERVERS.append(observer)
+
+
 def sha256_tree(root: Path) -> str:
     """Hash of a directory: relative paths, executable bits and file hashes, in sorted order.
 
@@ -96,10 +118,10 @@ def sha256_tree(root: Path) -> str:
     mtimes and owners are not, so two clones hash alike. A symlink is hashed as its target
     text (mode ``l``), as a layer stores it.
     """
-    from frank import memo
-
     lines = []
-    with memo.tree_scope():  # git's listing is the tree's, not an unknown program's
+    with ExitStack() as listing:  # git's listing is the tree's, not an unknown program's
+        for observer in _OBSERVERS:
+            listing.enter_context(observer.listing())
         files = tree_files(root)
     for path in files:
         rel = path.relative_to(root).as_posix()
@@ -109,7 +131,8 @@ def sha256_tree(root: Path) -> str:
         mode = "x" if path.stat().st_mode & 0o111 else "-"
         lines.append(f"{sha256_file(path)} {mode} {rel}\n")
     digest = sha256_bytes("".join(lines).encode())
-    memo.note_tree(root, digest)
+    for observer in _OBSERVERS:
+        observer.hashed(root, digest)
     return digest
 
 

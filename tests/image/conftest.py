@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from frank.image.base import BaseImage, layout_from_rootfs, resolve_base
-from frank.image.store import BlobStore
+from frank.build.base import resolve_base
+from frank.build.baselayout import BaseImage, layout_from_rootfs
+from frank.store.blobs import BlobStore
 from tests.image.image_helpers import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

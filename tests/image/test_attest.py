@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from frank.attest import PREDICATE_SBOM, PREDICATE_SLSA
-from frank.attest.dsse import load_private_key, pae, parse, sign
-from frank.attest.layout import ARTIFACT_TYPE, artifact, attach, read_referrers
+from frank.build.plan import SOURCE_DATE_EPOCH
 from frank.image.oci import epoch_to_rfc3339, resolve_manifest
-from frank.image.registry import pull_layout
-from frank.plan import SOURCE_DATE_EPOCH
+from frank.image.remote import pull_layout
+from frank.ship.attest import PREDICATE_SBOM, PREDICATE_SLSA
+from frank.ship.attest.dsse import load_private_key, pae, parse, sign
+from frank.ship.attest.layout import ARTIFACT_TYPE, artifact, attach, read_referrers
 from tests.spine_helpers import REPO, Result, copy_repo, frank
 
 
@@ -223,8 +223,8 @@ def test_wrong_key_is_refused(built: Built, registry: str) -> None:
 @pytest.mark.slow
 def test_image_from_another_lock_is_refused(built: Built, registry: str) -> None:
     """An image rebuilt from another lock, carrying attestations made from the first lock."""
-    from frank.attest.check import facts_from_layout, make_referrers
-    from frank.attest.inventory import inventory
+    from frank.ship.attest.check import facts_from_layout, make_referrers
+    from frank.ship.attest.inventory import inventory
 
     ok(frank("attest", str(built.layout), "--key", str(built.key), cwd=built.repo))
     (built.repo / "stacks/smoke-other.toml").write_text(
@@ -247,7 +247,7 @@ def test_image_from_another_lock_is_refused(built: Built, registry: str) -> None
 
     # the first image's own attestations, listed for the second image: wrong subject
     ok(frank("push", "smoke-other", "--to", f"{registry}/frank/copied", cwd=built.repo))
-    from frank.attest.remote import Registry, fallback_tag, push_referrers
+    from frank.ship.attest.remote import Registry, fallback_tag, push_referrers
 
     push_referrers(f"{registry}/frank/copied", first.digest,
                    read_referrers(built.layout, first.digest))
@@ -264,7 +264,7 @@ def test_image_from_another_lock_is_refused(built: Built, registry: str) -> None
 @pytest.mark.slow
 def test_no_attestations_is_refused(built: Built, registry: str) -> None:
     repo = f"{registry}/frank/bare"
-    from frank.image.registry import push_layout
+    from frank.image.remote import push_layout
 
     push_layout(built.layout, repo)  # the image alone, no referrers
     refused(frank("verify", f"{repo}@{built.digest}", "--key", str(built.pub), cwd=built.repo),
@@ -299,10 +299,10 @@ def test_bad_input_is_one_line_exit_2(built: Built, tmp_path: Path) -> None:
 def test_served_cpu_sbom_lists_every_wheel_and_deb() -> None:
     """The closure too: every wheel the pylock gives for the target, with the part (or the
     shared closure layer) it lands in; no build needed, the plan says where each goes."""
-    from frank.attest.inventory import inventory
-    from frank.attest.sbom import sbom_items, sbom_json
-    from frank.lock import read_lock
-    from frank.plan import build_plan
+    from frank.build.plan import build_plan
+    from frank.resolve.lock import read_lock
+    from frank.ship.attest.inventory import inventory
+    from frank.ship.attest.sbom import sbom_items, sbom_json
 
     lock = read_lock(REPO / "stacks/served-cpu.lock")
     inv = inventory(lock, {}, REPO)
@@ -354,7 +354,7 @@ def test_exported_files_are_valid_cyclonedx_and_name_the_manifest(built: Built,
     files = sorted(p.name for p in (tmp_path / "x").iterdir())
     assert files == ["manifest.json", "provenance.dsse.json", "provenance.json",
                      "sbom.cdx.json", "sbom.dsse.json"]
-    from frank.image.store import sha256_bytes
+    from frank.store.blobs import sha256_bytes
 
     assert sha256_bytes((tmp_path / "x/manifest.json").read_bytes()) == built.digest
     sbom = json.loads((tmp_path / "x/sbom.cdx.json").read_text())
@@ -402,10 +402,10 @@ def test_push_also_lists_the_envelopes_under_cosigns_att_tag(built: Built,
                                                              registry: str) -> None:
     """Where cosign looks without OCI 1.1: sha256-<hex>.att, an image whose layers are the
     envelopes (cosign itself is not installed here: this checks the layout it reads)."""
-    from frank.attest.check import facts_from_layout
-    from frank.attest.dsse import load_public_key, verify
-    from frank.attest.remote import Registry, cosign_tag
-    from frank.image.store import sha256_bytes
+    from frank.ship.attest.check import facts_from_layout
+    from frank.ship.attest.dsse import load_public_key, verify
+    from frank.ship.attest.remote import Registry, cosign_tag
+    from frank.store.blobs import sha256_bytes
 
     ok(frank("attest", "smoke-cpu", "--key", str(built.key), cwd=built.repo))
     repo = f"{registry}/frank/cosign"

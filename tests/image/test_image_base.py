@@ -7,17 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from frank.build.base import resolve_base
+from frank.build.baselayout import BaseImage
 from frank.errors import FrankError
-from frank.image.base import (
-    BaseImage,
-    apt_mirror,
-    load_image_file,
-    parse_pinned_ref,
-    resolve_base,
-)
 from frank.image.oci import read_layout
-from frank.image.registry import push_layout
-from frank.image.store import BlobStore
+from frank.image.remote import push_layout
+from frank.model.imagefile import load_image_file, parse_pinned_ref
+from frank.resolve.debs.archive import apt_mirror
+from frank.store.blobs import BlobStore
 
 REPO = Path(__file__).resolve().parents[2]
 D = "sha256:" + "a" * 64
@@ -70,7 +67,7 @@ def test_debootstrap_base_is_refused_with_what_to_write(tmp_path: Path) -> None:
     (tmp_path / "stacks").mkdir()
     stack = tmp_path / "stacks" / "s.toml"
     stack.write_text('[image]\nbase = "old"\n')
-    from frank.resolve import load_base_image
+    from frank.resolve.resolver import load_base_image
 
     with pytest.raises(FrankError, match="no longer made") as exc2:
         load_base_image(tmp_path, "old", stack)

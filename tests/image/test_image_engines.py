@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from frank.build.baselayout import BaseImage
+from frank.build.engines import build_dockerfile, detect, get_engine, run_image
 from frank.errors import FrankError
-from frank.image.base import BaseImage
-from frank.image.engines import build_dockerfile, detect, get_engine, run_image
 from frank.image.oci import build_image, read_layout
 from frank.image.spec import ImageSpec, LayerInput
-from frank.image.store import BlobStore
+from frank.store.blobs import BlobStore
 from tests.image.image_helpers import EPOCH, key_of, make_sources, make_spec
 
 needs_buildah = pytest.mark.skipif(shutil.which("buildah") is None, reason="buildah missing")

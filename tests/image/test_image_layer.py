@@ -12,7 +12,7 @@ import pytest
 from frank.errors import FrankError
 from frank.image.layer import build_layer, collect, write_tar
 from frank.image.spec import LayerInput
-from frank.image.store import BlobStore
+from frank.store.blobs import BlobStore
 
 KEY = "1" * 64
 

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from frank.build.baselayout import BaseImage
 from frank.errors import FrankError
-from frank.image.base import BaseImage
-from frank.image.oci import build_image, read_image, read_layout, resolve_manifest
+from frank.image.oci import build_image, read_layout, resolve_manifest
+from frank.image.remote import read_image
 from frank.image.spec import ImageSpec
-from frank.image.store import BlobStore, sha256_file
+from frank.store.blobs import BlobStore, sha256_file
 from tests.image.image_helpers import EPOCH, make_sources, make_spec
 
 _SUBPROCESS_BUILD = """
@@ -24,9 +25,9 @@ import sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 from tests.image.image_helpers import make_sources, make_spec
-from frank.image.base import BaseImage
+from frank.build.base import BaseImage
 from frank.image.oci import build_image
-from frank.image.store import BlobStore, sha256_file
+from frank.store.blobs import BlobStore, sha256_file
 base = BaseImage(name="b", layout=Path(sys.argv[2]), digest=sys.argv[3])
 src = make_sources(Path(sys.argv[4]))
 print(build_image(make_spec(base, src), BlobStore(Path(sys.argv[5])), Path(sys.argv[6])))

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from frank.build.baselayout import BaseImage
 from frank.cli import cli
 from frank.errors import FrankError
-from frank.image.base import BaseImage
-from frank.image.oci import build_image, read_image
-from frank.image.registry import pull_layout, push_layout
-from frank.image.store import BlobStore
+from frank.image.oci import build_image
+from frank.image.remote import pull_layout, push_layout, read_image
+from frank.store.blobs import BlobStore
 from tests.image.image_helpers import free_port, make_sources, make_spec
 
 pytestmark = pytest.mark.slow

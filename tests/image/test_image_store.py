@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from frank.errors import FrankError
-from frank.image.store import BlobStore, LayerRecord, sha256_bytes
+from frank.store.blobs import BlobStore, LayerRecord, sha256_bytes
 
 
 def test_put_and_read_roundtrip(store: BlobStore) -> None:

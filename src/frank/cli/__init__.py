@@ -2,6 +2,8 @@
 
 Command modules are imported lazily (by name) so that `frank lock --check` and `frank diff`
 start without importing rich, the image builders or huggingface-hub.
+
+May import: every stage (it is the last one).
 """
 
 from __future__ import annotations

@@ -41,8 +41,8 @@ def attest(target: str, key: Path | None, out: Path | None, as_json: bool) -> No
     Nothing in the image changes (its digest stays); the attestations are listed in the
     layout's index.json, each an artifact whose subject is the image manifest.
     """
-    from frank.attest.check import attest_layout
-    from frank.attest.dsse import load_private_key
+    from frank.ship.attest.check import attest_layout
+    from frank.ship.attest.dsse import load_private_key
 
     if key is None:
         if not os.environ.get(KEY_ENV):

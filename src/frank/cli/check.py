@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import click
 
-from frank.catalog import Catalog
 from frank.cli.output import emit_json, json_option
-from frank.project import lock_stack, repo_root_for
-from frank.stackfiles import stack_files
-from frank.standing import shelved_part
+from frank.model.catalog import Catalog
+from frank.model.stackfiles import stack_files
+from frank.resolve.project import lock_stack, repo_root_for
+from frank.resolve.standing import shelved_part
 
 
 @click.command()

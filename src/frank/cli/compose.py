@@ -6,13 +6,13 @@ from pathlib import Path
 
 import click
 
+from frank.build.plan import build_plan
 from frank.cli.output import emit_json, json_option
 from frank.errors import FrankError
-from frank.lock import lock_is_current, render_lock, write_lock
-from frank.outdir import staged_output
-from frank.plan import build_plan
-from frank.project import lock_stack, repo_root_for, stack_path
-from frank.repolock import repo_lock
+from frank.history.repolock import repo_lock
+from frank.image.outdir import staged_output
+from frank.resolve.lock import lock_is_current, render_lock, write_lock
+from frank.resolve.project import lock_stack, repo_root_for, stack_path
 
 
 @click.command()
@@ -52,11 +52,11 @@ def compose(stack: str, out_dir: Path | None, locked: bool, builder: str,
     built = None
     with staged_output(out) as stage:  # the old output stays whole until this one is
         with console.status(f"writing build context to {out}"):
-            from frank.context import write_context
+            from frank.build.context import write_context
 
             write_context(plan, result.lock, root, stage)
         if builder != "none":
-            from frank.build import build
+            from frank.build.builder import build
 
             built = build(plan, root, stage, builder,  # type: ignore[arg-type]
                           mirrors=mirrors, quiet=as_json)

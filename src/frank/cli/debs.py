@@ -14,7 +14,7 @@ from frank.errors import FrankError
 
 
 def _recipe(image: str) -> tuple[Path, object]:
-    from frank.image.base import load_image_file
+    from frank.model.imagefile import load_image_file
 
     path = Path(image)
     img = load_image_file(path)
@@ -35,11 +35,11 @@ def debs() -> None:
               help="A folder of files named by sha256, read before the network.")
 def lock(images: tuple[str, ...], check: bool, mirrors: tuple[Path, ...]) -> None:
     """Resolve each IMAGE's [debs] closure and write IMAGE.debs.lock beside it."""
-    from frank.fetch import Fetcher
-    from frank.image.base import BaseImageFile
-    from frank.image.debs.lock import current_lock, lock_path, write_lock
-    from frank.image.debs.resolver import resolve_lock
-    from frank.image.store import BlobStore
+    from frank.model.imagefile import BaseImageFile
+    from frank.resolve.debs.lock import current_lock, lock_path, write_lock
+    from frank.resolve.debs.resolver import resolve_lock
+    from frank.store.blobs import BlobStore
+    from frank.store.fetch import Fetcher
 
     stale = False
     for image in images:
@@ -69,11 +69,31 @@ def lock(images: tuple[str, ...], check: bool, mirrors: tuple[Path, ...]) -> Non
               help="A folder of files named by sha256, read before the network.")
 def build(image: str, mirrors: tuple[Path, ...]) -> None:
     """Build IMAGE's base from its lock (cached by the locked packages); print its digest."""
-    from frank.image.base import BaseImageFile
-    from frank.image.debs.build import debs_base
-    from frank.image.store import BlobStore
+    from frank.build.debs.build import debs_base
+    from frank.model.imagefile import BaseImageFile
+    from frank.store.blobs import BlobStore
 
     path, img = _recipe(image)
     assert isinstance(img, BaseImageFile) and img.debs is not None
     base = debs_base(img.debs, path, BlobStore(), name=img.name, mirrors=mirrors)
     click.echo(f"{base.digest} {base.layout}")
+
+
+def _standalone() -> None:
+    """``python -m frank.cli.debs lock|build IMAGE``: the ``frank debs`` commands, standalone."""
+    import sys
+
+    from frank.errors import FrankError
+
+    try:
+        debs.main(sys.argv[1:], prog_name="python -m frank.cli.debs", standalone_mode=False)
+    except FrankError as exc:
+        click.echo(f"frank: error: {exc.one_line()}", err=True)
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+
+
+if __name__ == "__main__":
+    _standalone()

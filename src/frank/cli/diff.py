@@ -6,14 +6,14 @@ from typing import Any
 
 import click
 
-from frank import memo
 from frank.cli.output import emit_json, json_option, print_table
+from frank.store import memo
 
 
 def diff_answer(a: str, b: str) -> dict[str, Any]:
     """The structured diff of A and B (imported only when no kept answer holds)."""
-    from frank.diff import diff_locks
-    from frank.project import load_lock_any, repo_root_for
+    from frank.history.diff import diff_locks
+    from frank.resolve.project import load_lock_any, repo_root_for
 
     return diff_locks(load_lock_any(a), load_lock_any(b), repo_root_for())
 
@@ -60,8 +60,8 @@ def diff(a: str, b: str, exit_code: bool, with_k8s: bool, as_json: bool) -> None
     """Show what differs between A and B (stack names, stack paths or .lock files)."""
     result = memo.answer("diff", [a, b], lambda: diff_answer(a, b))
     if with_k8s:
-        from frank.project import load_lock_any
-        from frank.render.objdiff import diff_objects
+        from frank.resolve.project import load_lock_any
+        from frank.ship.render.objdiff import diff_objects
 
         result = {**result, "k8s": diff_objects(load_lock_any(a), load_lock_any(b))}
     if as_json:

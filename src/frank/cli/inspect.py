@@ -34,7 +34,7 @@ def check_local_layout(image: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the full record as JSON.")
 def inspect_cmd(image: str, as_json: bool) -> None:
     """Show the image at IMAGE (an OCI layout directory or HOST/REPO[:TAG|@DIGEST])."""
-    from frank.image.oci import read_image
+    from frank.image.remote import read_image
 
     if not is_registry_ref(image):
         check_local_layout(image)

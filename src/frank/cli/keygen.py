@@ -19,8 +19,8 @@ from frank.cli.output import emit_json, json_option
 @json_option
 def keygen(out: Path, password_env: str | None, as_json: bool) -> None:
     """Write a new signing key pair: OUT (private) and OUT with .pub (public)."""
-    from frank.attest.dsse import keygen as make
     from frank.errors import FrankError
+    from frank.ship.attest.dsse import keygen as make
 
     password = None
     if password_env is not None:

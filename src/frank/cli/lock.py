@@ -10,13 +10,13 @@ from typing import Any
 
 import click
 
-from frank import memo
 from frank.cli.output import emit_json, json_option
 from frank.fsutil import find_repo_root
-from frank.repolock import repo_lock
-from frank.stackfiles import stack_files
+from frank.history.repolock import repo_lock
+from frank.model.stackfiles import stack_files
+from frank.store import memo
 
-# What `frank lock --check` imports is kept small: on a kept answer (frank.memo) nothing
+# What `frank lock --check` imports is kept small: on a kept answer (frank.store.memo) nothing
 # that resolves a stack (pydantic, the part kinds) is imported at all.
 
 
@@ -27,8 +27,8 @@ def all_stacks() -> list[str]:
 
 def check_answer(arg: str) -> dict[str, Any]:
     """What the lock of ``arg`` must hold (offline, writing nothing), as JSON data."""
-    from frank.lock import render_lock
-    from frank.project import lock_stack
+    from frank.resolve.lock import render_lock
+    from frank.resolve.project import lock_stack
 
     locked = lock_stack(arg, closure="check")
     return {"stack": locked.lock.stack, "lock_file": str(locked.lock_file),
@@ -66,8 +66,8 @@ def lock(stacks: tuple[str, ...], check: bool, upgrade: bool, as_json: bool) -> 
             state = "up to date" if ok else ("stale" if path.is_file() else "missing")
             stack, digest = want["stack"], want["digest"]
         else:
-            from frank.lock import write_lock
-            from frank.project import lock_stack
+            from frank.resolve.lock import write_lock
+            from frank.resolve.project import lock_stack
 
             locked = lock_stack(arg, closure=mode)  # type: ignore[arg-type]
             path = locked.lock_file

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from frank.catalog import Catalog
 from frank.cli.output import emit_json, json_option, print_table
-from frank.project import repo_root_for
+from frank.model.catalog import Catalog
+from frank.resolve.project import repo_root_for
 
 
 @click.command()

@@ -17,7 +17,7 @@ import tomlkit
 from frank.cli.output import emit_json, json_option
 from frank.errors import FrankError
 from frank.fsutil import write_atomic
-from frank.project import repo_root_for
+from frank.resolve.project import repo_root_for
 
 PYPI = "https://pypi.org/simple"
 
@@ -34,8 +34,8 @@ def _str(doc: Any, *keys: str) -> str | None:
 def _pin_part(doc: Any, ref: str | None, index: str, wheel_tag: str | None,
               release: str | None) -> list[tuple[str, str | None, str]]:
     """Resolve the part's pins in ``doc``; returns (field, old, new) for each change."""
-    from frank.pinning import git, hub
-    from frank.pinning import index as idx
+    from frank.resolve.pinning import git, hub
+    from frank.resolve.pinning import index as idx
 
     kind = _str(doc, "kind")
     changes: list[tuple[str, str | None, str]] = []
@@ -91,8 +91,8 @@ def _validate(text: str, path: Path) -> None:
 
     from pydantic import ValidationError
 
-    from frank.kinds import PART_ADAPTER
-    from frank.tomlio import validation_to_error
+    from frank.model.kinds import PART_ADAPTER
+    from frank.model.tomlio import validation_to_error
 
     raw = tomllib.loads(text)
     try:
@@ -115,7 +115,7 @@ def pin(part: str | None, ref: str | None, release: str | None, index: str,
     root = repo_root_for()
     if image is not None:
         path = root / "images" / f"{image}.toml"
-        from frank.pinning.registry import resolve_digest
+        from frank.resolve.pinning.registry import resolve_digest
 
         doc = tomlkit.parse(path.read_text(encoding="utf-8")) if path.is_file() else None
         if doc is None:

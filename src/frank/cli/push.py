@@ -29,12 +29,12 @@ def push(stack: str, to: str, layout: Path | None, tags: tuple[str, ...],
     out/pushes.jsonl (lock digest, repository, the registry's digest): `frank render k8s`
     deploys exactly that.
     """
-    from frank.attest.layout import read_referrers
-    from frank.attest.remote import push_cosign_tag, push_referrers
     from frank.image.oci import read_layout
-    from frank.image.pushes import PushRecord, record_push
-    from frank.image.registry import LOCK_DIGEST_KEY, default_tags, push_layout, tag_for_stack
-    from frank.project import repo_root_for, stack_path
+    from frank.image.remote import LOCK_DIGEST_KEY, default_tags, push_layout, tag_for_stack
+    from frank.resolve.project import repo_root_for, stack_path
+    from frank.ship.attest.layout import read_referrers
+    from frank.ship.attest.remote import push_cosign_tag, push_referrers
+    from frank.ship.pushes import PushRecord, record_push
 
     root = repo_root_for()
     if layout is None:

@@ -38,11 +38,11 @@ def k8s(stack: str, out_dir: Path | None, registry: str | None, namespace: str |
     image. Apply the directory with `kubectl apply -f DIR`, or commit it for Argo CD / Flux.
     """
     from frank.errors import FrankError
-    from frank.image.pushes import pushed_image
-    from frank.image.registry import check_repository
-    from frank.project import lock_stack, repo_root_for
-    from frank.render.files import render_files, report, write_dir
-    from frank.render.k8s import (
+    from frank.image.remote import check_repository
+    from frank.resolve.project import lock_stack, repo_root_for
+    from frank.ship.pushes import pushed_image
+    from frank.ship.render.files import render_files, report, write_dir
+    from frank.ship.render.k8s import (
         ImageRef,
         RenderOptions,
         check_renderable,

@@ -11,11 +11,11 @@ from pathlib import Path
 import click
 
 from frank.cli.output import emit_json, json_option
-from frank.diff import diff_locks
 from frank.errors import FrankError
-from frank.project import repo_root_for, stack_path
-from frank.repolock import repo_lock
-from frank.revert import apply_revert, plan_revert
+from frank.history.diff import diff_locks
+from frank.history.repolock import repo_lock
+from frank.history.revert import apply_revert, plan_revert
+from frank.resolve.project import repo_root_for, stack_path
 
 
 @click.command()
@@ -38,14 +38,14 @@ def revert(part: str | None, stack_arg: str, why: str | None, undo: bool,
     root = repo_root_for()
     path = stack_path(stack_arg, root)
     root = repo_root_for(path)
-    from frank.closure import pylock_path
+    from frank.resolve.closure import pylock_path
 
     dependents: list[tuple[str, str]] = []
     pylock = pylock_path(path)
     old_closure = pylock.read_bytes() if pylock.is_file() else None  # before it may move
     with repo_lock(root):  # plan and write in one turn: a concurrent revert waits
         if undo:
-            from frank.undo import apply_undo, plan_undo
+            from frank.history.undo import apply_undo, plan_undo
 
             done = plan_undo(path, root)
             e = done.entry

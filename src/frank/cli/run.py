@@ -18,9 +18,9 @@ from typing import cast
 
 import click
 
+from frank.build.engines import Engine, EngineName
 from frank.cli.output import json_option
 from frank.errors import FrankError
-from frank.image.engines import Engine, EngineName
 
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -43,7 +43,7 @@ def _layout_of(target: str) -> tuple[Path, str | None, str | None]:
             return candidate.absolute(), None, None
     if path.is_dir():
         raise FrankError("not an OCI layout (no oci-layout file) and not a stack", file=path)
-    from frank.project import lock_stack
+    from frank.resolve.project import lock_stack
 
     result = lock_stack(target)
     layout = result.resolved.root / "out" / result.lock.stack / "image"
@@ -55,8 +55,8 @@ def _layout_of(target: str) -> tuple[Path, str | None, str | None]:
 
 def _engine(name: str, print_only: bool) -> Engine:
     """The engine to run with; ``--print --engine NAME`` also shows an engine not here."""
-    from frank.image.engines import _runroot, detect, get_engine
-    from frank.image.store import BlobStore
+    from frank.build.engines import _runroot, detect, get_engine
+    from frank.store.blobs import BlobStore
 
     if name == "auto" or not print_only:
         return get_engine(name)
@@ -89,8 +89,8 @@ def run_cmd(target: str, args: tuple[str, ...], engine_name: str, hub_cache: Pat
             model_dir: Path | None, env_pairs: tuple[str, ...], wait_ready: float,
             print_only: bool, as_json: bool) -> None:
     """Run the image of STACK_OR_LAYOUT; ARGS after `--` go to its entrypoint."""
-    from frank.image import run as image_run
     from frank.image.verify import image_lock, verify_layout
+    from frank.run import container as image_run
 
     extra_env = _env_pairs(env_pairs)
     layout, stack_digest, stack = _layout_of(target)
@@ -108,6 +108,6 @@ def run_cmd(target: str, args: tuple[str, ...], engine_name: str, hub_cache: Pat
         return
     # with the launcher's own arguments (--print...) the weights' files may not be needed
     image_run.check_weights(lock, weights, files=not args)
-    from frank.image.supervise import execute
+    from frank.run.supervise import execute
 
     sys.exit(execute(plan, wait_ready))

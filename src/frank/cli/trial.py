@@ -103,7 +103,7 @@ def run(name: str, workload: str, ready_timeout: float, workload_timeout: float,
     image, FRANK_TRIAL_IMAGE) set. Starts already recorded are skipped, so running again
     resumes after a crash.
     """
-    from frank.image.supervise import Interrupted
+    from frank.run.supervise import Interrupted
     from frank.trial.model import trial_path
     from frank.trial.run import RunOptions, run_trial
 
@@ -154,12 +154,12 @@ def render_cmd(name: str, workload: str, out_dir: Path | None, registry: str | N
     annotations. Run the Jobs one at a time in order and collect each one's log (`kubectl
     logs job/NAME -c workload > DIR/NAME.log`); `frank trial record NAME DIR` imports them.
     """
-    from frank.image.pushes import pushed_image
-    from frank.lock import Lock
-    from frank.render.files import render_files, report, write_dir
-    from frank.render.k8s import ImageRef, RenderOptions, check_renderable, stream, to_data
-    from frank.render.k8s import weights_claim as claim_of
-    from frank.render.trialjobs import JobOptions, trial_jobs
+    from frank.resolve.lock import Lock
+    from frank.ship.pushes import pushed_image
+    from frank.ship.render.files import render_files, report, write_dir
+    from frank.ship.render.k8s import ImageRef, RenderOptions, check_renderable, stream, to_data
+    from frank.ship.render.k8s import weights_claim as claim_of
+    from frank.trial.jobs import JobOptions, trial_jobs
     from frank.trial.model import repo_of, trial_path
     from frank.trial.run import current_locks
     from frank.trial.seal import load_sealed

@@ -27,9 +27,9 @@ def verify(image_ref: str, key: Path | None, as_json: bool) -> None:
     digest, and the SBOM and provenance against what the image's lock pins. Exit 0 when all
     hold; otherwise one line naming what differs, exit 1 (bad input: exit 2).
     """
-    from frank.attest.check import verify_image
-    from frank.attest.dsse import load_public_key
     from frank.fsutil import find_repo_root
+    from frank.ship.attest.check import verify_image
+    from frank.ship.attest.dsse import load_public_key
 
     if key is None:
         if not os.environ.get(PUB_ENV):

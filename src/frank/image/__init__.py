@@ -1,6 +1,10 @@
-"""Image building: deterministic OCI layouts without a daemon, engine builds, registry push.
+"""The OCI image format: layer tars, layouts, manifests, verification, registries.
 
-The default builder writes an OCI image layout directly (tar layers, config, manifest) so the
-same lock gives the same manifest digest on any machine; container engines are only used when
-a part needs commands run inside the image.
+One job: turn an image spec (``spec``) into byte-reproducible OCI data and read it back
+checked. ``layer`` writes deterministic tars, ``oci`` layouts and manifests, ``verify`` checks
+every blob of a layout against its digest, ``remote`` is the OCI distribution client (inspect,
+pull, push through skopeo), ``outdir`` swaps a finished output folder into ``out/`` atomically.
+It knows nothing of parts, stacks or locks.
+
+May import: the root modules, frank.model, frank.store.
 """

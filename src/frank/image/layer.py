@@ -28,7 +28,7 @@ from typing import IO
 from frank.errors import FrankError
 from frank.hashing import check_link_inside
 from frank.image.spec import LayerInput
-from frank.image.store import BlobStore, LayerRecord
+from frank.store.blobs import BlobStore, LayerRecord
 
 LAYER_MEDIA_TYPE = "application/vnd.oci.image.layer.v1.tar"
 # Bump when the tar bytes for the same input would change, so old index entries stop matching.

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict
 from frank.errors import FrankError
 from frank.image.layer import build_layer
 from frank.image.spec import ImageSpec
-from frank.image.store import BlobStore, check_digest, sha256_bytes, sha256_file
+from frank.store.blobs import BlobStore, check_digest, sha256_bytes, sha256_file
 
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -312,7 +312,7 @@ def build_image(spec: ImageSpec, store: BlobStore, out_layout: Path, *,
                             "size": len(manifest_raw)}
     if ref_name:
         desc["annotations"] = {REF_NAME_ANNOTATION: ref_name}
-    from frank.outdir import final_path
+    from frank.image.outdir import final_path
 
     kept, kept_blobs = kept_referrers(store, final_path(Path(out_layout)), manifest_digest)
     index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [desc, *kept]}
@@ -362,11 +362,11 @@ def write_layout(store: BlobStore, out: Path, index_raw: bytes, blobs: list[str]
     trusts a blob whose stat is unchanged, and what goes out must be the bytes named. If the
     output already holds exactly this layout, untouched since frank wrote it (same stat
     stamps, see ``BlobStore``), nothing is copied: a no-op rebuild of a multi-gigabyte image
-    costs a few stats. ``out`` may be inside a compose's stage (``frank.outdir``): the
+    costs a few stats. ``out`` may be inside a compose's stage (``frank.image.outdir``): the
     output it will become is the one checked and recorded, and a current one is left to be
     carried over (nothing is written to the stage then).
     """
-    from frank.outdir import final_path
+    from frank.image.outdir import final_path
 
     out = out.absolute()
     final = final_path(out)
@@ -571,16 +571,6 @@ def read_layout(layout: Path, *, verify_layers: bool = True) -> ImageInfo:
             raise FrankError(f"corrupt OCI layout: layer blob does not match its digest {ldig}",
                              file=p)
     return image_info(str(layout), digest, manifest, config)
-
-
-def read_image(ref: str | Path) -> ImageInfo:
-    """An OCI layout directory or a registry reference (``host/repo[:tag|@digest]``)."""
-    p = Path(ref)
-    if p.is_dir():
-        return read_layout(p)
-    from frank.image.registry import inspect_remote
-
-    return inspect_remote(str(ref))
 
 
 _GZIP_TYPES = ("application/vnd.oci.image.layer.v1.tar+gzip",

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# Where every frank image carries its lock: written by the plan, read by run, attest and trial.
+LOCK_IN_IMAGE = "/etc/frank/frank.lock"
 
 @dataclass(frozen=True)
 class LayerInput:

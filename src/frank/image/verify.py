@@ -17,8 +17,8 @@ from typing import Any
 
 from frank.errors import FrankError
 from frank.image.oci import layout_blob_path, read_layout_blob, resolve_manifest
-from frank.image.store import check_digest, sha256_file
-from frank.plan import LOCK_IN_IMAGE
+from frank.image.spec import LOCK_IN_IMAGE
+from frank.store.blobs import check_digest, sha256_file
 
 LOCK_DIGEST_KEY = "dev.frank.lock.digest"
 

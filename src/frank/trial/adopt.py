@@ -26,20 +26,20 @@ import tomlkit
 from pydantic import ValidationError
 from tomlkit.items import AoT, Table
 
-from frank.catalog import Catalog, Manifest
 from frank.errors import FrankError, as_real_file
 from frank.hashing import sha256_bytes
-from frank.journal import Transaction
-from frank.kinds import PART_ADAPTER
-from frank.lock import Lock, lock_is_current, lock_path, render_lock
-from frank.project import lock_resolved, stack_path
-from frank.repolock import repo_lock
-from frank.resolve import resolve
-from frank.revert import edit_stack, history_entry, history_path, plan_revert
-from frank.stack import load_stack
-from frank.stackfiles import TEMP_MARK, stack_files
-from frank.standing import SHELVED
-from frank.tomlio import validation_to_error
+from frank.history.journal import Transaction
+from frank.history.repolock import repo_lock
+from frank.history.revert import edit_stack, history_entry, history_path, plan_revert
+from frank.model.catalog import Catalog, Manifest
+from frank.model.kinds import PART_ADAPTER
+from frank.model.stack import load_stack
+from frank.model.stackfiles import TEMP_MARK, stack_files
+from frank.model.tomlio import validation_to_error
+from frank.resolve.lock import Lock, lock_is_current, lock_path, render_lock
+from frank.resolve.project import lock_resolved, stack_path
+from frank.resolve.resolver import resolve
+from frank.resolve.standing import SHELVED
 from frank.trial.decide import Decision, decide_file
 from frank.trial.model import SubjectSpec, Trial, repo_of
 from frank.trial.plan import subject_between

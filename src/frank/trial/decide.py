@@ -18,7 +18,7 @@ from frank.errors import FrankError
 from frank.trial.design import Outcome, permutation_test, rank_test, sign_test
 from frank.trial.images import NO_IMAGE, measured_images
 from frank.trial.model import Trial, results_path
-from frank.trial.record import StartRecord, read_results
+from frank.trial.results import StartRecord, read_results
 from frank.trial.seal import load_sealed
 
 

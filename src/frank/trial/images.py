@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from frank.errors import FrankError
-from frank.image import run as image_run
 from frank.image.verify import VerifiedImage, image_lock, verify_layout
+from frank.run import container as image_run
 from frank.trial.model import Trial
-from frank.trial.record import StartRecord
+from frank.trial.results import StartRecord
 
 NO_IMAGE = "no image (the host launcher, or imported)"
 

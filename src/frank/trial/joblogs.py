@@ -1,7 +1,7 @@
 """Results of a trial's Kubernetes Jobs, read back from their logs.
 
 Each Job's workload container prints one ``frank-trial-result <JSON>`` line (see
-``frank/render/trial_driver.py``); collect them with ``kubectl logs job/NAME -c workload >
+``frank/trial/driver.py``); collect them with ``kubectl logs job/NAME -c workload >
 DIR/NAME.log``. Here each line is checked against the sealed plan (the trial, its seal, the
 start's arm and block, the arm's lock digest, one image per arm, the starts run one at a
 time in the sealed order, the engine not restarted) and the sealed metric is evaluated
@@ -19,12 +19,12 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from frank.errors import FrankError
-from frank.kinds.base import Strict
-from frank.tomlio import validation_to_error
+from frank.model.kinds.base import Strict
+from frank.model.tomlio import validation_to_error
 from frank.trial.images import check_same_image
 from frank.trial.metric import MetricError, deltas, parse, parse_prometheus, workload_json
 from frank.trial.model import Trial
-from frank.trial.record import IMAGE_DIGEST, StartRecord
+from frank.trial.results import IMAGE_DIGEST, StartRecord
 
 MARK = "frank-trial-result "
 RESTART_SERIES = "process_start_time_seconds"

@@ -15,8 +15,8 @@ from pydantic import Field, ValidationError, model_validator
 
 from frank.errors import FrankError
 from frank.fsutil import find_repo_root, write_atomic
-from frank.kinds.base import Slug, Strict
-from frank.tomlio import read_toml, validation_to_error
+from frank.model.kinds.base import Slug, Strict
+from frank.model.tomlio import read_toml, validation_to_error
 from frank.trial.design import (
     MAX_BALANCED_PER_ARM,
     MAX_PERMUTATION_BLOCKS,

@@ -13,9 +13,9 @@ from pydantic import ValidationError
 
 from frank.errors import FrankError
 from frank.fsutil import find_repo_root
-from frank.kinds.base import check_slug
-from frank.project import lock_stack
-from frank.tomlio import validation_to_error
+from frank.model.kinds.base import check_slug
+from frank.model.tomlio import validation_to_error
+from frank.resolve.project import lock_stack
 from frank.trial.design import Direction, Kind, draw_order, rule_text
 from frank.trial.metric import MetricError, parse
 from frank.trial.model import (

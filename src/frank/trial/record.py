@@ -1,10 +1,5 @@
-"""The results file (``trials/NAME.results.jsonl``): one JSON line per engine start.
-
-Why JSON lines, appended by rewrite-and-rename: a start is recorded the moment it ends,
-so a crash of frank itself loses at most the start in flight and ``run`` resumes from the
-file; nothing on disk is ever half a line. ``frank trial record`` imports starts measured
-elsewhere (CSV or JSON) into the same file, checked against the sealed plan first.
-"""
+"""``frank trial record``: starts measured elsewhere (CSV, JSON or a Job's logs) imported into
+the results file (frank.trial.results), checked against the sealed plan first."""
 
 from __future__ import annotations
 
@@ -13,46 +8,11 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import Field
+from typing import Any
 
 from frank.errors import FrankError
-from frank.jsonl import append_models, read_models
-from frank.kinds.base import Strict
 from frank.trial.model import Trial, results_path
-
-IMAGE_DIGEST = r"^sha256:[0-9a-f]{64}$"
-
-
-class StartRecord(Strict):
-    """One engine start as it happened."""
-
-    start: int
-    block: int
-    arm: Literal["A", "B"]
-    digest: str  # the lock digest that was served
-    image: str | None = Field(default=None, pattern=IMAGE_DIGEST)  # its manifest digest
-    trial: str  # the trial digest (seal hash) it was run under
-    status: Literal["ok", "crash"]
-    value: float | None = None
-    error: str | None = None
-    stack: str | None = None
-    started: str | None = None
-    ready: str | None = None
-    finished: str | None = None
-    metrics: dict[str, float] = {}
-    source: str = "run"
-
-
-def read_results(path: Path) -> list[StartRecord]:
-    """Every recorded start, in file order; a bad line is an error naming the line."""
-    return read_models(path, StartRecord)
-
-
-def append(path: Path, records: list[StartRecord]) -> None:
-    """Append records atomically (the old content plus the new lines, renamed into place)."""
-    append_models(path, records)
+from frank.trial.results import IMAGE_DIGEST, StartRecord, append, read_results
 
 
 def _rows(src: Path) -> list[dict[str, Any]]:

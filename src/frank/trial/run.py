@@ -9,7 +9,7 @@ later `run` resumes at the first start without a result.
 Where the engine comes from (``--from``): by default the arm's image (``out/<stack>/image``,
 see ``trial.images``): built from the sealed lock, every blob re-hashed before each start,
 run through a container engine as ``frank run`` does, its manifest digest recorded per
-start. ``--from host`` runs the one launcher on the host instead (``python -m frank.launch``
+start. ``--from host`` runs the one launcher on the host instead (``python -m frank.run.launch``
 on that exact lock, with the host's packages): one process group per start, so the
 engine's workers cannot outlive it.
 """
@@ -34,15 +34,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 from frank.errors import FrankError
-from frank.image.run import RunPlan
-from frank.lock import render_lock
-from frank.procs import group_members
-from frank.project import lock_stack
+from frank.resolve.lock import render_lock
+from frank.resolve.project import lock_stack
+from frank.run.container import RunPlan
+from frank.run.procs import group_members
 from frank.trial.design import Start
 from frank.trial.images import ArmImage, arm_image, check_same_image
 from frank.trial.metric import Expr, MetricError, deltas, parse, parse_prometheus, workload_json
 from frank.trial.model import Trial, repo_of, results_path
-from frank.trial.record import StartRecord, append, read_results
+from frank.trial.results import StartRecord, append, read_results
 from frank.trial.seal import load_sealed, utc_now
 
 Report = Callable[[str], None]
@@ -152,9 +152,9 @@ def _tail(path: Path) -> str:
 def host_engine(lock_file: Path, root: Path, engine_log: Path, base_url: str,
                 opts: RunOptions) -> Iterator[Callable[[], int | None]]:
     """The launcher on the host, in its own process group, until the start is done."""
-    from frank import launch
+    from frank.run import launch
 
-    argv = [sys.executable, "-m", "frank.launch", "--lock", str(lock_file),
+    argv = [sys.executable, "-m", "frank.run.launch", "--lock", str(lock_file),
             "--ready-timeout", str(opts.ready_timeout)]
     with engine_log.open("wb") as out:
         proc = subprocess.Popen(argv, cwd=root, stdout=out, stderr=subprocess.STDOUT,
@@ -174,7 +174,7 @@ def host_engine(lock_file: Path, root: Path, engine_log: Path, base_url: str,
 def image_engine(plan: RunPlan, engine_log: Path, opts: RunOptions
                  ) -> Iterator[Callable[[], int | None]]:
     """The arm's image in a working container (``frank run``'s), removed when done."""
-    from frank.image import supervise
+    from frank.run import supervise
 
     with engine_log.open("wb") as out, supervise.serving(plan, opts.ready_timeout, out) as r:
         assert r.proc is not None
@@ -208,8 +208,8 @@ def run_start(start: Start, lock: dict[str, Any], expr: Expr, opts: RunOptions, 
         def serve() -> AbstractContextManager[Callable[[], int | None]]:
             return host_engine(lock_file, root, engine_log, base_url, opts)
     else:
-        from frank.image import run as image_run
-        from frank.image.engines import get_engine
+        from frank.build.engines import get_engine
+        from frank.run import container as image_run
 
         plan = image_run.plan(image.image, image.lock, get_engine(opts.engine),
                               w=image.weights, extra_env={}, args=[])
@@ -291,7 +291,7 @@ def _images(trial: Trial, locks: dict[str, dict[str, Any]], root: Path, opts: Ru
     there too, so a run that cannot start refuses before its first start."""
     if opts.source == "host":
         return None
-    from frank.image.engines import get_engine
+    from frank.build.engines import get_engine
 
     images = {arm: arm_image(trial, arm, locks[arm], root, hub_cache=opts.hub_cache)
               for arm in ("A", "B")}

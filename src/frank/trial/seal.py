@@ -17,7 +17,7 @@ import tomlkit
 from frank.errors import FrankError
 from frank.fsutil import write_atomic
 from frank.hashing import sha256_json
-from frank.tomlio import read_toml
+from frank.model.tomlio import read_toml
 from frank.trial.model import Trial, read_trial
 
 

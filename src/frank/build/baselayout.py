@@ -1,0 +1,121 @@
+"""A base's OCI layout, made once and recorded in the cache: what every base kind ends in.
+
+``cached_base`` keeps made bases under ``<cache>/bases/<key>.json``; the .debs builder
+(frank.build.debs) and the base resolver (frank.build.base) both use it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from frank.errors import FrankError
+from frank.fsutil import write_atomic
+from frank.store.blobs import BlobStore
+
+
+# Left out of the test base: caches and docs a container never needs (as Debian's slim images).
+ROOTFS_PRUNE = (
+    "var/cache/apt", "var/lib/apt/lists", "usr/share/doc", "usr/share/man", "usr/share/info",
+    "usr/share/locale", "var/log",
+)
+ROOTFS_SKIP = ("dev", "proc", "sys", "run", "tmp", *ROOTFS_PRUNE)
+
+
+class BaseImage(BaseModel):
+    """A resolved base: a local OCI layout and the manifest digest it is pinned to."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    layout: Path
+    digest: str  # the image manifest's digest (what ImageSpec.base_digest takes)
+    pinned: str | None = None  # the image index's digest when the pin names an index
+
+
+@contextlib.contextmanager
+def _lock(path: Path) -> Iterator[None]:
+    """One builder per base at a time (parallel test workers would build it twice)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def layout_from_rootfs(rootfs: Path, store: BlobStore, out: Path, *, epoch: int,
+                       created_by: str) -> str:
+    """Import a root filesystem as a one-layer OCI layout (owners and setuid kept)."""
+    from frank.image.layer import collect, write_tar
+
+    members = collect([(rootfs, "/")], preserve_owner=True, skip=ROOTFS_SKIP)
+    with store.writer() as w:
+        write_tar(members, epoch, w)  # type: ignore[arg-type]
+    return layout_from_layer(store, out, w.digest, w.size, epoch=epoch, created_by=created_by)
+
+
+def layout_from_layer(store: BlobStore, out: Path, layer: str, size: int, *, epoch: int,
+                      created_by: str, architecture: str | None = None,
+                      cmd: tuple[str, ...] = ("/bin/bash",)) -> str:
+    """A one-layer OCI layout around an uncompressed layer blob already in the store."""
+    from frank.image.layer import LAYER_MEDIA_TYPE
+    from frank.image.oci import (
+        OCI_CONFIG,
+        OCI_INDEX,
+        OCI_MANIFEST,
+        _go_arch,
+        canonical_json,
+        epoch_to_rfc3339,
+        write_layout,
+    )
+
+    created = epoch_to_rfc3339(epoch)
+    config = {
+        "architecture": architecture or _go_arch(), "os": "linux", "created": created,
+        "config": {"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+                   **({"Cmd": list(cmd)} if cmd else {})},
+        "rootfs": {"type": "layers", "diff_ids": [layer]},
+        "history": [{"created": created, "created_by": created_by}],
+    }
+    config_raw = canonical_json(config)
+    config_digest = store.put_bytes(config_raw)
+    manifest = {
+        "schemaVersion": 2, "mediaType": OCI_MANIFEST,
+        "config": {"mediaType": OCI_CONFIG, "digest": config_digest, "size": len(config_raw)},
+        "layers": [{"mediaType": LAYER_MEDIA_TYPE, "digest": layer, "size": size}],
+    }
+    manifest_raw = canonical_json(manifest)
+    digest = store.put_bytes(manifest_raw)
+    index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [
+        {"mediaType": OCI_MANIFEST, "digest": digest, "size": len(manifest_raw)}]}
+    write_layout(store, out, canonical_json(index), [config_digest, digest, layer],
+                 epoch=epoch)
+    return digest
+
+
+def cached_base(store: BlobStore, key: str, name: str,
+                make: Callable[[Path], str]) -> BaseImage:
+    """The base recorded under ``<cache>/bases/<key>.json``, else ``make(layout)``'s, recorded.
+
+    One maker per key at a time (parallel test workers would otherwise build it twice).
+    """
+    from frank.image.oci import layout_manifests
+
+    bases = store.root / "bases"
+    record = bases / f"{key}.json"
+    layout = bases / key
+    with _lock(bases / f"{key}.lock"):
+        if record.is_file():
+            with contextlib.suppress(ValueError, ValidationError, FrankError, KeyError, OSError):
+                base = BaseImage.model_validate_json(record.read_text())
+                if layout_manifests(base.layout)[0]["digest"] == base.digest:
+                    return base
+        base = BaseImage(name=name, layout=layout, digest=make(layout))
+        write_atomic(record, base.model_dump_json())
+        return base

@@ -1,0 +1,392 @@
+"""Hand a build plan to an image builder: the embedded OCI writer or a container engine.
+
+``auto`` uses the embedded, daemonless builder whenever no layer needs a command run
+inside the image; otherwise the first container engine found (buildah, podman, docker),
+building the Dockerfile context compose wrote. Either way the result is an OCI layout.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from frank.build.context import stage_layer
+from frank.errors import FrankError
+from frank.hashing import sha256_json
+from frank.build.plan import BuildPlan, PlanLayer
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from frank.store.fetch import Fetcher
+
+Builder = Literal["auto", "oci", "buildah", "podman", "docker"]
+OCI_BUILDER_VERSION = 2
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    """What was built, by which builder, and why that one."""
+
+    digest: str
+    layout: Path
+    builder: str
+    why: str
+    layers_built: int
+    layers_reused: int
+
+
+def choose_builder(plan: BuildPlan, requested: Builder) -> tuple[str, str]:
+    """(builder, why) for the plan; a request the plan cannot honour is an error."""
+    from frank.build.engines import detect
+
+    running = [layer.name for layer in plan.layers if layer.run or layer.stage]
+    if requested == "oci":
+        if running:
+            raise FrankError(f"the embedded builder cannot run commands, and {running[0]} "
+                             "needs some; use --builder auto, buildah, podman or docker",
+                             field="--builder")
+        return "oci", "requested"
+    if requested == "auto" and not running:
+        return "oci", "no layer runs a command: embedded daemonless builder"
+    engines = detect()
+    if requested != "auto":
+        if not any(e.name == requested for e in engines):
+            raise FrankError(f"{requested} is not available here (install it, e.g. "
+                             f"apt-get install {requested})", field="--builder")
+        return requested, "requested"
+    if not engines:
+        raise FrankError(f"{running[0]} runs commands inside the image and no container "
+                         "engine was found: install buildah (apt-get install buildah) or "
+                         "podman, or run a Docker daemon", field="--builder")
+    return engines[0].name, f"{running[0]} runs commands inside the image; " \
+                            f"{engines[0].name} is the first engine found"
+
+
+def build_oci(plan: BuildPlan, root: Path, out: Path, *, log: Path,
+              mirrors: tuple[Path, ...] = (), quiet: bool = False) -> BuildResult:
+    """Build with the embedded writer: each missing layer assembled on the host, then tarred.
+
+    Nothing runs inside the image. Every input was fetched into the store and verified
+    first; a layer whose key the index knows is reused without staging anything.
+    """
+    from rich.console import Console
+
+    from frank.store.fetch import Fetcher
+    from frank.build.base import resolve_base
+    from frank.image.layer import build_layer, index_key
+    from frank.image.oci import build_image
+    from frank.image.spec import ImageSpec, LayerInput
+    from frank.store.blobs import BlobStore
+
+    console = Console(stderr=True, quiet=quiet)
+    store = BlobStore()
+    fetcher = Fetcher(store, mirrors)
+    base = resolve_base(root / "images" / f"{plan.base_image['name']}.toml", store)
+    built = reused = 0
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(f"frank embedded build of {plan.stack} ({plan.lock_digest})\n")
+    layers: list[LayerInput] = []
+    missing: list[tuple[PlanLayer, LayerInput]] = []
+    for layer in plan.layers:
+        key = sha256_json({"plan_layer": layer.key, "builder": OCI_BUILDER_VERSION})
+        spec_layer = LayerInput(name=layer.name, key=key, entries=((store.tmp_dir, "/"),))
+        if store.get_layer(index_key(spec_layer, plan.source_date_epoch)) is None:
+            missing.append((layer, spec_layer))
+        else:
+            reused += 1
+        layers.append(spec_layer)
+    _fetch_inputs([layer for layer, _ in missing], fetcher, console, log)
+    for layer, spec_layer in missing:
+        with tempfile.TemporaryDirectory(dir=store.tmp_dir, prefix="stage-") as tmp:
+            staging = Path(tmp)
+            with console.status(f"layer {layer.index}: {layer.name}: assembling"):
+                assemble_layer(layer, plan, root, staging, fetcher, log)
+            with console.status(f"layer {layer.index}: {layer.name}: writing the tar"):
+                build_layer(store, LayerInput(name=layer.name, key=spec_layer.key,
+                                              entries=((staging, "/"),)),
+                            plan.source_date_epoch)
+        _log(log, f"layer {layer.index} {layer.name}: built")
+        built += 1
+    spec = ImageSpec(
+        base_layout=base.layout, base_digest=base.digest, layers=tuple(layers),
+        env=plan.config.env, entrypoint=plan.config.entrypoint, cmd=plan.config.cmd,
+        labels=plan.config.labels,
+        annotations={"dev.frank.lock.digest": plan.lock_digest, "dev.frank.stack": plan.stack},
+        source_date_epoch=plan.source_date_epoch,
+    )
+    digest = build_image(spec, store, out, ref_name=plan.stack, quiet=quiet)
+    _log(log, f"image {digest}: {built} layers built, {reused} reused")
+    return BuildResult(digest=digest, layout=out, builder="oci", why="", layers_built=built,
+                       layers_reused=reused)
+
+
+def _log(log: Path, line: str) -> None:
+    with log.open("a", encoding="utf-8") as f:
+        f.write(line.rstrip("\n") + "\n")
+
+
+def _fetch_inputs(layers: list[PlanLayer], fetcher: Fetcher, console: Console,
+                  log: Path) -> None:
+    """Download every wheel and patch the missing layers need, in parallel, verified."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+
+    from frank.store.fetch import Pinned
+
+    # small pinned files first, on their own: a patch URL that cannot be had fails before
+    # gigabytes of wheels are downloaded
+    patches = [Pinned(layer.patch.source, layer.patch.sha256) for layer in layers
+               if layer.patch and "://" in layer.patch.source]
+    fetcher.fetch_all(patches)
+    items = [Pinned(w.url, w.sha256, w.size) for layer in layers for w in layer.wheels]
+    items += [Pinned(layer.patch.engine_wheel.url, layer.patch.engine_wheel.sha256,
+                     layer.patch.engine_wheel.size) for layer in layers if layer.patch]
+    todo = [i for i in items if not fetcher.store.has(i.digest)]
+    if todo:
+        total = sum(i.size or 0 for i in todo)
+        with Progress(TextColumn("fetching {task.fields[n]} files"), BarColumn(),
+                      DownloadColumn(), console=console, transient=True) as bar:
+            task = bar.add_task("fetch", total=total or None, n=len(todo))
+            fetcher.fetch_all(todo, progress=lambda i: bar.advance(task, i.size or 0))
+    _log(log, f"inputs: {len(items) + len(patches)} needed, {fetcher.downloaded} downloaded, "
+              f"{fetcher.from_mirror} from a mirror, the rest already in the store")
+
+
+def assemble_layer(layer: PlanLayer, plan: BuildPlan, root: Path, staging: Path,
+                   fetcher: Fetcher, log: Path) -> None:
+    """Fill ``staging`` with the layer's files: copies, wheels, patched files, kernels."""
+    from frank.store.fetch import Pinned
+    from frank.build.install import install_wheels
+
+    site = plan.site_packages
+    stage_layer(layer, root, staging)
+    if layer.wheels:
+        paths = [(w.filename, fetcher.fetch(Pinned(w.url, w.sha256, w.size)))
+                 for w in layer.wheels]
+        install_wheels(paths, staging, site)
+    if layer.patch is not None:
+        _apply_patch(layer, root, staging, fetcher, site, log)
+    sources = [root / folder for folder in layer.build_wheels]
+    if layer.kernel is not None:
+        tree, source = _compile_kernel(layer, root, staging, fetcher)
+        # the plugin package is built from the compiled tree, which holds the libraries
+        sources = [tree / Path(folder).relative_to(source) for folder in layer.build_wheels]
+    if sources:
+        from frank.build.wheel import build_wheel
+
+        with tempfile.TemporaryDirectory(dir=fetcher.store.tmp_dir, prefix="wheel-") as tmp:
+            wheels = []
+            for folder in sources:
+                wheel = build_wheel(folder, Path(tmp))
+                _log(log, f"layer {layer.index}: built {wheel.name} from {folder}")
+                wheels.append((wheel.name, wheel))
+            install_wheels(wheels, staging, site)
+
+
+def _apply_patch(layer: PlanLayer, root: Path, staging: Path, fetcher: Fetcher, site: str,
+                 log: Path) -> None:
+    from frank.store.fetch import Pinned
+    from frank.model.kinds.patch import touches_compiled
+    from frank.build.patching import apply_to_wheel
+
+    step = layer.patch
+    assert step is not None
+    if "://" in step.source:
+        text = fetcher.fetch(Pinned(step.source, step.sha256)).read_text(encoding="utf-8")
+    else:
+        text = (root / step.source).read_text(encoding="utf-8")
+    if touches_compiled(text) != step.declared_compiled:
+        raise FrankError(f"declared {step.declared_compiled} but the diff "
+                         f"{'touches' if not step.declared_compiled else 'does not touch'} "
+                         "compiled code", file=root / step.manifest, field="touches_compiled")
+    wheel = fetcher.fetch(Pinned(step.engine_wheel.url, step.engine_wheel.sha256))
+    result = apply_to_wheel(text, wheel, staging / site.lstrip("/"), label=layer.name, log=log)
+    _log(log, f"layer {layer.index}: {step.part}: {len(result.changed)} files changed, "
+              f"{len(result.deleted)} deleted, {len(result.skipped)} outside the wheel left "
+              f"out: {', '.join(result.skipped)}")
+
+
+def _compile_kernel(layer: PlanLayer, root: Path, staging: Path, fetcher: Fetcher
+                    ) -> tuple[Path, str]:
+    """Compile the kernel on the host; its libraries go to /opt/frank/kernels/<name>.
+
+    Returns the built tree and the kernel's source folder (repo-relative) it mirrors.
+    """
+    from frank.build.kernel import compile_kernel
+    from frank.model.kinds.kernel import Kernel, kernel_dest
+
+    part = Kernel.model_validate(layer.kernel)
+    assert part.source is not None and layer.manifest is not None
+    tree = compile_kernel(part, root, root / layer.manifest, fetcher)
+    dest = staging / kernel_dest(part.name).lstrip("/")
+    dest.mkdir(parents=True, exist_ok=True)
+    for lib in sorted(tree.rglob("*.so")):
+        if not (dest / lib.name).exists():
+            shutil.copyfile(lib, dest / lib.name)
+    return tree, part.source
+
+
+def stage_host_layers(plan: BuildPlan, root: Path, context: Path, *, log: Path,
+                      store_root: Path, mirrors: tuple[Path, ...] = ()) -> frozenset[int]:
+    """Assemble the host-built layers into the context, so any container engine builds it,
+    and the kept outputs of builder stages whose key an earlier build had (``stepcache``);
+    returns the indexes of those stages, which are not run again.
+
+    The same assembly as the embedded builder's (same fetched inputs, same trees); only the
+    tar and the image config are then the engine's.
+    """
+    from rich.console import Console
+
+    from frank.build import stepcache
+    from frank.build.context import (
+        checked_out,
+        host_built,
+        layer_dir,
+        render_dockerfile,
+        template_text,
+    )
+    from frank.store.fetch import Fetcher
+
+    def rootfs_of(layer: PlanLayer) -> Path:
+        return context / "layers" / layer_dir(layer) / "rootfs"
+
+    reused: set[int] = set()
+    for layer in plan.layers:
+        kept = stepcache.cached(store_root, layer) if layer.stage else None
+        if kept is not None:
+            stepcache.place(kept, context / "layers" / layer_dir(layer) / "outputs")
+            reused.add(layer.index)
+    host = [x for x in plan.layers if host_built(x)]
+    sources = [x for x in plan.layers if checked_out(x) and x.index not in reused]
+    if not host and not sources and not reused:
+        return frozenset()
+    for layer in sources:  # first: an unreachable source stops before gigabytes of wheels
+        _check_out_source(layer, root, rootfs_of(layer), log, store_root)
+    fetcher = Fetcher(mirrors=mirrors)
+    _fetch_inputs(host, fetcher, Console(stderr=True), log)
+    staged = set()
+    for layer in plan.layers:
+        rootfs = rootfs_of(layer)
+        if layer in host:
+            shutil.rmtree(rootfs, ignore_errors=True)
+            rootfs.mkdir(parents=True)
+            assemble_layer(layer, plan, root, rootfs, fetcher, log)
+        if rootfs.is_dir():
+            staged.add(layer.index)
+    (context / "Dockerfile").write_text(render_dockerfile(plan, staged, template_text(root),
+                                                          frozenset(reused)))
+    return frozenset(reused)
+
+
+def _check_out_source(layer: PlanLayer, root: Path, rootfs: Path, log: Path,
+                      store_root: Path) -> None:
+    """A source-built layer's git source, checked out on the host into its stage's inputs."""
+    from frank.store import gitsource
+    from frank.build.context import image_path_under
+
+    assert layer.stage is not None and layer.stage.source is not None
+    src = layer.stage.source
+    dest = image_path_under(rootfs, src.dest, layer.name)
+    shutil.rmtree(dest, ignore_errors=True)
+    gitsource.checkout(src.repo, src.commit, src.submodules, dest, root=root,
+                       cache=store_root, log=log)
+
+
+def needs_network(plan: BuildPlan, reused: frozenset[int] = frozenset()) -> bool:
+    """Whether a container build of ``plan`` must reach the network: some layer that runs in
+    the container (not one frank assembles on the host and stages, nor a stage whose kept
+    outputs are reused) declares it does (a source build's apt-get and pip; pip from an
+    index; a patch fetched by URL). A post-install step or a kernel compiled in the image
+    never does: it runs offline."""
+    from frank.build.context import host_built
+
+    return any(layer.network and not host_built(layer) and layer.index not in reused
+               for layer in plan.layers)
+
+
+def build_with_engine(plan: BuildPlan, root: Path, context: Path, out: Path,
+                      engine_name: str, mirrors: tuple[Path, ...] = ()) -> BuildResult:
+    """Build the Dockerfile context with a container engine, exported as an OCI layout."""
+    from frank.build import stepcache
+    from frank.build.base import resolve_base
+    from frank.build.engines import build_dockerfile, get_engine
+    from frank.store.blobs import BlobStore
+
+    store = BlobStore()
+    log = context.parent / "build.log"
+    # the host's part first: a source that cannot be fetched stops before the base is made
+    reused = stage_host_layers(plan, root, context, log=log, store_root=store.root,
+                               mirrors=mirrors)
+    base = resolve_base(root / "images" / f"{plan.base_image['name']}.toml", store)
+    engine = get_engine(engine_name, store)
+    digest = build_dockerfile(engine, context, out, base_layout=base.layout,
+                              base_digest=base.digest,
+                              source_date_epoch=plan.source_date_epoch,
+                              network=needs_network(plan, reused))
+    with log.open("a", encoding="utf-8") as note:
+        for layer in plan.layers:
+            if layer.stage is None:
+                continue
+            if layer.index in reused:
+                note.write(f"frank: {layer.name}: its stage's outputs were kept from a build "
+                           f"of key {layer.key[:16]}; not run again\n")
+            elif stepcache.save(store.root, layer, out):
+                note.write(f"frank: {layer.name}: outputs kept for key {layer.key[:16]}\n")
+    return BuildResult(digest=digest, layout=out, builder=engine_name, why="",
+                       layers_built=len(plan.layers) - len(reused),
+                       layers_reused=len(reused))
+
+
+# The step's line as it ran: buildah's echo of each RUN command holds the same words, quoted
+# (followed by ``' >&2``), which the end of line rules out.
+_STEP_SAID = re.compile(r"frank: (step \S+ (?:did not produce its output|removes) [^'\n]*)$",
+                        re.MULTILINE)
+
+
+def _step_failure(log: Path) -> str | None:
+    """The line a builder stage's own check wrote (an output a step did not produce, a file
+    it removes that is not there), if the failed build's log has one."""
+    if not log.is_file():
+        return None
+    # anywhere in a line: the container's stderr and buildah's own output share one pipe,
+    # so the step's line can follow a progress note that ended without a newline
+    said = _STEP_SAID.findall(log.read_text(encoding="utf-8", errors="replace"))
+    return said[-1].strip() if said else None
+
+
+def build(plan: BuildPlan, root: Path, out_dir: Path, requested: Builder, *,
+          mirrors: tuple[Path, ...] = (), quiet: bool = False) -> BuildResult:
+    """Build the plan's image into ``out_dir/image`` with the chosen builder.
+
+    A failure keeps its log: it is copied to the final output folder's ``build.log``
+    (``out_dir`` may be a stage that is thrown away) and the error names it.
+    """
+    from frank.image.outdir import final_path
+
+    name, why = choose_builder(plan, requested)
+    layout = out_dir / "image"
+    log = out_dir / "build.log"
+    try:
+        if name == "oci":
+            result = build_oci(plan, root, layout, log=log, mirrors=mirrors, quiet=quiet)
+        else:
+            result = build_with_engine(plan, root, out_dir / "context", layout, name, mirrors)
+    except FrankError as exc:
+        said = _step_failure(log)
+        if said is not None:  # a step's own words first (the command line quotes them too)
+            exc.message = f"{said}: {exc.message}"
+        kept = final_path(out_dir) / "build.log"
+        if log.is_file() and kept != log:
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(log, kept)
+            # the stage folder is thrown away: the error names the log that is kept
+            exc.message = exc.message.replace(str(log), str(kept))
+        if log.is_file() and "build.log" not in exc.message:
+            exc.message += f" (build log: {kept})"
+        raise
+    return BuildResult(digest=result.digest, layout=result.layout, builder=name, why=why,
+                       layers_built=result.layers_built, layers_reused=result.layers_reused)

@@ -1,0 +1,370 @@
+"""Container engines for parts that need commands run inside the image.
+
+The daemonless OCI writer (``frank.image.oci``) covers every part that is just files. When a
+RUN step is needed (compiling a kernel against the image's torch) frank builds a Dockerfile
+with whichever engine is present: buildah, podman, or docker (only if a daemon answers).
+On CI machines without a daemon, Debian's buildah and podman build rootless-style with
+``--isolation chroot --storage-driver vfs``: no overlayfs, no user namespaces, RUN steps
+work. Engine storage lives under the frank cache, apart from the system's image store.
+
+The docker path (skopeo moves the base in and the result out of the daemon) is written
+but untested: no CI machine here runs a Docker daemon.
+
+Every build gets ``SOURCE_DATE_EPOCH`` (as ``--timestamp`` and as a build arg) and the pinned
+base as build args (``BASE_IMAGE``, a storage reference by digest, and ``BASE_DIGEST``);
+layers are exported uncompressed (see ``frank.image.layer`` on why not gzip).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from frank.errors import FrankError
+from frank.image.oci import normalize_layout, resolve_manifest
+from frank.image.remote import skopeo
+from frank.store.blobs import BlobStore, check_digest
+
+EngineName = Literal["buildah", "podman", "docker"]
+ENGINE_ORDER: tuple[EngineName, ...] = ("buildah", "podman", "docker")
+INSTALL_HINT = "apt-get install buildah (or podman), or start a Docker daemon"
+
+
+@dataclass(frozen=True)
+class Engine:
+    """A usable engine and the private storage frank gives it."""
+
+    name: EngineName
+    exe: str
+    root: Path
+    runroot: Path
+    driver: str = "vfs"
+
+    def base_args(self) -> list[str]:
+        """Global flags: private storage and its driver (see ``storage_driver``)."""
+        if self.name == "docker":
+            return [self.exe]
+        return [self.exe, "--root", str(self.root), "--runroot", str(self.runroot),
+                "--storage-driver", self.driver]
+
+
+def storage_driver() -> str:
+    """overlay where this kernel lets us mount it, else vfs (``FRANK_STORAGE_DRIVER`` wins).
+
+    vfs works everywhere but stores every layer as a full copy of the tree below it: a
+    10-layer 3 GB image takes tens of GB. overlay stores each layer once.
+    """
+    forced = os.environ.get("FRANK_STORAGE_DRIVER")
+    if forced in ("overlay", "vfs"):
+        return forced
+    return "overlay" if _overlay_mounts() else "vfs"
+
+
+@functools.cache
+def _overlay_mounts() -> bool:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    with tempfile.TemporaryDirectory(prefix="frank-ovl-") as tmp:
+        for d in ("lower", "upper", "work", "merged"):
+            os.mkdir(f"{tmp}/{d}")
+        opts = f"lowerdir={tmp}/lower,upperdir={tmp}/upper,workdir={tmp}/work"
+        try:
+            proc = subprocess.run(["unshare", "--mount", "mount", "-t", "overlay", "overlay",
+                                   "-o", opts, f"{tmp}/merged"], capture_output=True,
+                                  timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        return proc.returncode == 0
+
+
+def _docker_answers(exe: str) -> bool:
+    try:
+        return subprocess.run([exe, "info"], capture_output=True, timeout=10).returncode == 0
+    except (subprocess.TimeoutExpired, OSError):
+        return False
+
+
+def _runroot(root: Path) -> Path:
+    """A short runroot per storage root: podman refuses runroots over 50 characters, and
+    runroot only holds locks and mount state, which belong in tmpfs-like places anyway."""
+    tag = hashlib.sha256(str(root.absolute()).encode()).hexdigest()[:12]
+    return Path("/tmp") / f"frank-run-{tag}"
+
+
+def detect(store: BlobStore | None = None) -> list[Engine]:
+    """Engines usable here, in preference order (docker only if its daemon answers)."""
+    store = store or BlobStore()
+    found: list[Engine] = []
+    for name in ENGINE_ORDER:
+        exe = shutil.which(name)
+        if exe is None or (name == "docker" and not _docker_answers(exe)):
+            continue
+        driver = storage_driver()
+        # one storage root per driver: a root cannot change driver once made
+        root = store.root / "containers" / (name if driver == "vfs" else f"{name}-{driver}")
+        found.append(Engine(name, exe, root, _runroot(root), driver))
+    return found
+
+
+def get_engine(name: str = "auto", store: BlobStore | None = None) -> Engine:
+    """The named engine, or the first one found for ``auto``; none -> what to install."""
+    engines = detect(store)
+    if name == "auto":
+        if not engines:
+            raise FrankError(f"no container engine found; {INSTALL_HINT}", field="--builder")
+        return engines[0]
+    for e in engines:
+        if e.name == name:
+            return e
+    hint = "start a Docker daemon (docker info must answer)" if name == "docker" else \
+        f"apt-get install {name}"
+    raise FrankError(f"container engine {name!r} is not available; {hint}", field="--builder")
+
+
+_DAEMON = "to move images in and out of the Docker daemon"
+
+
+def _run(args: list[str], what: str, *, input_text: str | None = None,
+         timeout: float | None = None) -> subprocess.CompletedProcess[str]:
+    try:
+        proc = subprocess.run(args, capture_output=True, text=True, input=input_text,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise FrankError(f"{what} timed out after {timeout} s") from None
+    if proc.returncode != 0:
+        lines = [ln for ln in (proc.stderr + proc.stdout).strip().splitlines() if ln.strip()]
+        tail = lines[-1] if lines else "?"
+        raise FrankError(f"{what} failed (exit {proc.returncode}): {' '.join(tail.split())}")
+    return proc
+
+
+# Lines of a build log that say why it failed, best first.
+_WHY = re.compile(r"CERTIFICATE_VERIFY_FAILED|No matching distribution|ERROR|[Ee]rror[: ]|"
+                  r"[Ff]ailed|not found|No such file")
+
+
+def build_secrets(folder: Path) -> dict[str, Path]:
+    """The host's CA bundle and an index-only pip.conf, as files for ``--secret``."""
+    from frank.store.fetch import ca_bundle
+
+    ca = folder / "ca.crt"
+    bundle = ca_bundle()
+    ca.write_bytes(Path(bundle).read_bytes() if bundle else b"")
+    lines = ["[global]", "cert = /etc/ssl/certs/ca-certificates.crt"]
+    proc = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True,
+                          text=True, check=False)
+    for line in proc.stdout.splitlines():  # only indexes on the network reach a container
+        key, _, value = line.partition("=")
+        if key.endswith(("index-url", "extra-index-url")):
+            urls = [u for u in value.strip("'\"").split() if u.startswith(("http://", "https://"))]
+            if urls:
+                lines.append(f"{key.split('.')[-1]} = {' '.join(urls)}")
+    pip = folder / "pip.conf"
+    pip.write_text("\n".join(lines) + "\n")
+    return {"frank-ca": ca, "frank-pip": pip}
+
+
+def run_logged(args: list[str], what: str, *, log: Path, timeout: float | None = None) -> None:
+    """Run a build, streaming its output to ``log`` and a progress line; a failure names the
+    log and quotes the lines that say why."""
+    import time
+
+    from rich.console import Console
+
+    log.parent.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    with log.open("a", encoding="utf-8") as out, \
+            Console(stderr=True).status(what) as status:
+        out.write("$ " + " ".join(args) + "\n")
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, errors="replace")
+        assert proc.stdout is not None
+        tail: list[str] = []
+        for line in proc.stdout:
+            out.write(line)
+            tail = [*tail[-199:], line.rstrip()]
+            status.update(f"{what}: {line.strip()[:100]}")
+            if timeout is not None and time.monotonic() - start > timeout:
+                proc.kill()
+                raise FrankError(f"{what} timed out after {timeout} s (log {log})")
+        code = proc.wait()
+    if code != 0:
+        why = [x.strip() for x in tail if _WHY.search(x)][-3:] or [x for x in tail if x][-1:]
+        raise FrankError(f"{what} failed (exit {code}): {' | '.join(why)} (log {log})")
+
+
+@contextlib.contextmanager
+def _oci_ref(layout: Path) -> Iterator[str]:
+    """An ``oci:`` reference to ``layout`` through a symlink with a tame name.
+
+    Engines name an image pulled from ``oci:PATH`` after PATH, and reject paths that are not
+    valid image names (``~/.cache``, upper case); the symlink avoids both.
+    """
+    # /tmp itself: compose points TMPDIR beside its output, a path engines may not take
+    d = Path("/tmp") / f"frank-oci-{uuid.uuid4().hex}"
+    d.mkdir()
+    try:
+        (d / "image").symlink_to(Path(layout).absolute())
+        yield f"oci:{d / 'image'}"
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+
+
+def load_base(engine: Engine, layout: Path, digest: str) -> str:
+    """Put the pinned base into the engine's storage; return a reference to it by digest."""
+    check_digest(digest, field="base_digest")
+    got, _, _ = resolve_manifest(layout, digest)
+    if got != digest:
+        raise FrankError(f"base layout holds {got}, not the pinned {digest}", file=layout)
+    name = f"localhost/frank-base-{digest.split(':')[1][:16]}"
+    if engine.name == "docker":
+        # the daemon keeps no digest for a loaded image; the tag is derived from the digest
+        with _oci_ref(layout) as ref:
+            _run([skopeo(_DAEMON), "copy", "--quiet", ref, f"docker-daemon:{name}:latest"],
+                 "loading the base into docker")
+        return f"{name}:latest"
+    with _oci_ref(layout) as ref:
+        proc = _run([*engine.base_args(), "pull", "--quiet", ref],
+                    f"{engine.name} pull of the base image")
+    image_id = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+    if not image_id:
+        raise FrankError(f"{engine.name} pull of the base printed no image id", file=layout)
+    _run([*engine.base_args(), "tag", image_id, name], f"{engine.name} tag of the base")
+    return f"{name}@{digest}"
+
+
+@functools.cache
+def can_cut_network() -> bool:
+    """Whether this process may run a program in a network namespace of its own (root, or
+    unprivileged user namespaces): how a build that needs no network is kept off it."""
+    exe = shutil.which("unshare")
+    if exe is None:
+        return False
+    return subprocess.run([exe, "--net", "--", "true"], capture_output=True,
+                          check=False).returncode == 0
+
+
+def build_dockerfile(
+    engine: Engine,
+    context: Path,
+    out_layout: Path,
+    *,
+    base_layout: Path,
+    base_digest: str,
+    source_date_epoch: int,
+    dockerfile: Path | None = None,
+    build_args: dict[str, str] | None = None,
+    store: BlobStore | None = None,
+    timeout: float | None = 3600,
+    log: Path | None = None,
+    network: bool = True,
+) -> str:
+    """Build ``context`` with ``engine`` and export it as an OCI layout; return its digest.
+
+    The engine exports to a temp dir; the result is normalized (uncompressed layers,
+    canonical manifest, see ``normalize_layout``) into ``out_layout`` only when the build
+    and the export both succeed, so a build that fails halfway leaves no output.
+    """
+    store = store or BlobStore()
+    context = Path(context).absolute()
+    dockerfile = Path(dockerfile).absolute() if dockerfile else context / "Dockerfile"
+    if not dockerfile.is_file():
+        raise FrankError("Dockerfile not found", file=dockerfile)
+    base_ref = load_base(engine, base_layout, base_digest)
+    args = {"SOURCE_DATE_EPOCH": str(source_date_epoch), "BASE_IMAGE": base_ref,
+            "BASE_DIGEST": base_digest, **(build_args or {})}
+    tag = f"localhost/frank-build-{uuid.uuid4().hex[:12]}"
+    if engine.name == "docker":  # BuildKit takes the epoch from the SOURCE_DATE_EPOCH arg
+        cmd = [*engine.base_args(), "build", "--pull=false", "-f", str(dockerfile), "-t", tag]
+    else:
+        cmd = [*engine.base_args(), "bud" if engine.name == "buildah" else "build",
+               "--isolation", "chroot", "--timestamp", str(source_date_epoch), "--pull=false",
+               "-f", str(dockerfile), "-t", tag]
+    for k in sorted(args):
+        cmd += ["--build-arg", f"{k}={args[k]}"]
+    log = log or context.parent / "build.log"
+    prefix: list[str] = []
+    if not network:
+        if engine.name == "docker":
+            cmd += ["--network", "none"]
+        elif can_cut_network():  # chroot isolation shares the caller's network namespace
+            prefix = ["unshare", "--net", "--"]
+        else:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            with log.open("a", encoding="utf-8") as note:
+                note.write("frank: the network stays on for this build: this user may not "
+                           "make a network namespace (unshare --net)\n")
+    with tempfile.TemporaryDirectory(prefix="frank-secrets-") as secrets:
+        for ident, path in build_secrets(Path(secrets)).items():
+            cmd += ["--secret", f"id={ident},src={path}"]
+        run_logged([*prefix, *cmd, str(context)], f"{engine.name} build of {context}",
+                   log=log, timeout=timeout)
+    out_layout = Path(out_layout).absolute()
+    out_layout.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_layout.name}.tmp-", dir=out_layout.parent))
+    try:
+        if engine.name == "buildah":
+            _run([*engine.base_args(), "push", "--quiet", "--disable-compression", tag,
+                  f"oci:{tmp}"], "buildah push to an OCI layout")
+        elif engine.name == "docker":
+            _run([skopeo(_DAEMON), "copy", "--quiet", f"docker-daemon:{tag}:latest", f"oci:{tmp}"],
+                 "export from docker to an OCI layout")
+        else:
+            shutil.rmtree(tmp)
+            _run([*engine.base_args(), "save", "--format", "oci-dir", "--uncompressed",
+                  "-o", str(tmp), tag],
+                 "podman save to an OCI layout")
+        digest = normalize_layout(tmp, store, out_layout, epoch=source_date_epoch)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        subprocess.run([*engine.base_args(), "rmi", "-f", tag], capture_output=True)
+    return digest
+
+
+def run_image(layout: Path, args: list[str] | None = None, *, engine: Engine | None = None,
+              env: dict[str, str] | None = None, timeout: float = 600,
+              check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run the image's entrypoint (with ``args`` instead of its cmd) under chroot isolation.
+
+    buildah is preferred: ``podman run`` fails on setrlimit in unprivileged CI containers,
+    while ``buildah from`` + ``buildah run --isolation chroot`` does not.
+    """
+    from frank.image.oci import read_layout
+
+    info = read_layout(Path(layout), verify_layers=False)
+    engine = engine or next((e for e in detect() if e.name == "buildah"), None)
+    if engine is None or engine.name != "buildah":
+        raise FrankError("running an image needs buildah; apt-get install buildah")
+    argv = [*info.entrypoint, *(info.cmd if args is None else args)]
+    if not argv:
+        raise FrankError("the image has no entrypoint or cmd to run", file=layout)
+    with _oci_ref(layout) as ref:
+        out = _run([*engine.base_args(), "from", "--quiet", "--pull-always", ref],
+                   "buildah from").stdout
+    ctr = out.strip().splitlines()[-1]
+    try:
+        cmd = [*engine.base_args(), "run", "--isolation", "chroot"]
+        for k in sorted(env or {}):
+            cmd += ["--env", f"{k}={(env or {})[k]}"]
+        proc = subprocess.run([*cmd, ctr, "--", *argv], capture_output=True, text=True,
+                              timeout=timeout)
+    finally:
+        subprocess.run([*engine.base_args(), "rm", ctr], capture_output=True)
+    if check and proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        raise FrankError(f"image entrypoint exited {proc.returncode}: {tail}", file=layout)
+    return proc

@@ -1,0 +1,469 @@
+"""The build plan: from a lock to an ordered list of image layers.
+
+One layer per part that brings files or commands, in lock order (least often changed
+first: engine, patches, packages, binaries, kernels, plugins, data), then frank's launcher,
+then the lock itself. Each layer carries the key that decides whether it must be rebuilt.
+Env switches and weights add no layer: env goes in the image config, weights are fetched
+and verified at serve time.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from packaging.utils import canonicalize_name
+
+from frank.errors import FrankError
+from frank.hashing import sha256_bytes, sha256_json
+from frank.model.kinds import PART_ADAPTER
+from frank.model.kinds.base import PartBase, PartContext, Strict
+from frank.model.kinds.engine import EngineBase, torch_arch_list
+from frank.model.kinds.kernel import Kernel
+from frank.model.kinds.package import Package
+from frank.model.kinds.patch import Patch
+from frank.image.spec import LOCK_IN_IMAGE as LOCK_IN_IMAGE
+from frank.resolve.lock import Lock, LockedPart, render_lock
+
+PLAN_VERSION = 2
+# Fixed, so that the same lock gives the same bytes on any day (ko uses 0; we use the
+# zip epoch, 1980-01-01, which every tar and zip tool accepts).
+SOURCE_DATE_EPOCH = 315532800
+LAUNCHER_IN_IMAGE = "/opt/frank/bin/frank-launch"
+# The launcher is run/'s code, but the plan only reads its text (it is a file in the image).
+LAUNCHER_SOURCE = Path(__file__).parent.parent / "run" / "launch.py"
+# Debian's python3.11 has this on sys.path; frank installs every wheel here.
+SITE_PACKAGES = "/usr/local/lib/python3.11/dist-packages"
+# Bump when the same wheels would be installed into different bytes.
+INSTALL_FORMAT = "frank-install-1"
+# Closure distributions that change least often come first; a wheel of at least
+# OWN_LAYER_BYTES gets a layer of its own, the small ones of a group share one, so that a
+# vLLM bump that keeps torch reuses nearly every byte (names are canonical, prefix match).
+OWN_LAYER_BYTES = 10_000_000
+CLOSURE_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("nvidia", ("nvidia-", "cuda-")),
+    ("torch", ("torch", "triton")),
+)
+
+EngineStrategy = Literal["image", "release-wheel", "precompiled", "source"]
+
+
+class CopyStep(Strict):
+    """A repo file or tree placed at ``dest`` in the image."""
+
+    src: str
+    dest: str
+
+
+class GeneratedFile(Strict):
+    """A small file frank writes (a pinned requirements line, the lock)."""
+
+    dest: str
+    text: str
+
+
+class WheelRef(Strict):
+    """A wheel of the locked closure that frank installs into a layer tree on the host."""
+
+    name: str
+    version: str
+    filename: str
+    url: str
+    sha256: str
+    size: int | None = None
+
+
+class PatchStep(Strict):
+    """A Python-only patch applied on the host to the engine's installed files."""
+
+    part: str
+    source: str  # repo path or URL
+    sha256: str
+    engine_wheel: WheelRef
+    manifest: str  # the patch part's manifest (errors name it)
+    declared_compiled: bool
+
+
+class SourceCheckout(Strict):
+    """A git source frank checks out on the host (``frank.store.gitsource``) into the stage."""
+
+    repo: str
+    commit: str
+    submodules: bool
+    dest: str
+
+
+class StageStep(Strict):
+    """A builder stage: commands run on the image as built so far (in a container); only
+    ``outputs`` are copied into this layer, then ``then`` runs in the image."""
+
+    name: str  # the Dockerfile stage name
+    run: list[str]
+    outputs: list[str]
+    then: list[str] = []
+    source: SourceCheckout | None = None
+
+
+class PlanLayer(Strict):
+    """One image layer and everything that keys it."""
+
+    index: int
+    name: str
+    part: str | None
+    kind: str
+    key: str
+    inputs: dict[str, str]
+    files: list[CopyStep]
+    generated: list[GeneratedFile]
+    pip_install: list[str]
+    run: list[str]
+    why: str
+    # Host-side steps of the embedded builder (no command runs inside the image):
+    wheels: list[WheelRef] = []  # installed into the layer tree by frank (`installer`)
+    owns: list[str] = []  # the distributions this layer holds
+    patch: PatchStep | None = None
+    build_wheels: list[str] = []  # repo package folders built into wheels and installed
+    kernel: dict[str, Any] | None = None  # a kernel part's spec, compiled on the host
+    manifest: str | None = None  # the part's manifest, repo-relative (errors name it)
+    impure: bool = False  # runs commands inside the image (a container engine), see `run`
+    network: bool = False  # those commands reach the network (pip, git, apt-get, a URL)
+    stage: StageStep | None = None  # built in a builder stage, its outputs copied in
+
+
+class EnginePath(Strict):
+    """How the engine base gets into the image, and why that way."""
+
+    strategy: EngineStrategy
+    why: str
+
+
+class ImageConfig(Strict):
+    """The image config frank sets."""
+
+    env: dict[str, str]
+    entrypoint: list[str]
+    cmd: list[str]
+    labels: dict[str, str]
+
+
+class BuildPlan(Strict):
+    """What the builder makes, in order."""
+
+    plan_version: int
+    stack: str
+    lock_digest: str
+    source_date_epoch: int
+    base_image: dict[str, str]
+    engine: EnginePath | None
+    layers: list[PlanLayer]
+    config: ImageConfig
+    site_packages: str = SITE_PACKAGES
+
+    # import smoke checks per part (argv lists), run by the launcher before the engine
+    checks: dict[str, list[list[str]]] = {}
+
+    @property
+    def needs_run(self) -> bool:
+        """Whether some layer must run commands inside the image (needs a container build)."""
+        return any(layer.run or layer.stage for layer in self.layers)
+
+    @property
+    def impure(self) -> list[str]:
+        """The layers that run a command inside the image (recorded, never silent)."""
+        return [layer.name for layer in self.layers if layer.impure or layer.run
+                or layer.stage]
+
+
+def engine_path(lock: Lock) -> EnginePath | None:
+    """Choose the engine's install path from the engine base and its patches."""
+    parts = [PART_ADAPTER.validate_python(p.spec) for p in lock.parts]
+    engine = next((p for p in parts if isinstance(p, EngineBase)), None)
+    if engine is None:
+        return None
+    compiled = [p.name for p in parts if isinstance(p, Patch) and p.touches_compiled]
+    if engine.image is not None and compiled:  # resolve refuses it; a hand-made lock too
+        raise FrankError(f"{', '.join(compiled)} touch compiled code, which the official "
+                         f"engine image {engine.image} holds prebuilt", field="touches_compiled")
+    if engine.image is not None:
+        return EnginePath(strategy="image", why=f"official engine image {engine.image}")
+    if compiled:
+        return EnginePath(strategy="source", why=f"{', '.join(compiled)} touch compiled code: "
+                          "vLLM is built from source at the pinned commit")
+    if engine.wheel is not None:
+        return EnginePath(strategy="release-wheel", why="release wheel pinned by sha256; "
+                          "no patch touches compiled code")
+    return EnginePath(strategy="precompiled", why="no patch touches compiled code: "
+                      f"VLLM_USE_PRECOMPILED with commit {engine.commit}")
+
+
+def _source_build_run(engine: EngineBase, patches: list[str]) -> list[str]:
+    archs = torch_arch_list(engine.cuda_arch_list)
+    steps = [
+        f"git clone --filter=blob:none {engine.repo} /opt/frank/vllm-src",
+        f"git -C /opt/frank/vllm-src checkout --detach {engine.commit}",
+        *[f"git -C /opt/frank/vllm-src apply /opt/frank/patches/{p}.patch" for p in patches],
+        f"cd /opt/frank/vllm-src && TORCH_CUDA_ARCH_LIST='{archs}' pip install --no-deps .",
+    ]
+    return steps
+
+
+def closure_wheels(lock: Lock, root: Path, closure: bytes | None = None) -> list[WheelRef]:
+    """The target's wheels from the lock's pylock (or ``closure``, its text not yet
+    written), whose sha256 must be the locked one."""
+    from frank.resolve.closure import ClosureRequest, select_wheels
+
+    info = lock.python_closure
+    if info is None:
+        return []
+    path = root / info["file"]
+    try:
+        raw = closure if closure is not None else path.read_bytes()
+    except FileNotFoundError:
+        raise FrankError("the lock names this Python closure but it is missing (run "
+                         "`frank lock`)", file=path) from None
+    if sha256_bytes(raw) != info["sha256"]:
+        raise FrankError("the Python closure changed since the lock was written (run "
+                         "`frank lock`)", file=path)
+    python = next((str(p.spec.get("python")) for p in lock.parts if p.kind == "engine"),
+                  "3.11")
+    key = (info["sha256"], python, str(path.parent))  # local wheels are relative to it
+    if key not in _WHEELS:  # `frank diff served candidate`: two stacks, one pylock's bytes
+        try:
+            doc = tomllib.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise FrankError(f"not a valid pylock: {exc}", file=path) from None
+        _WHEELS[key] = [WheelRef(name=w.name, version=w.version, filename=w.filename,
+                                 url=w.url, sha256=w.sha256, size=w.size)
+                        for w in select_wheels(doc, ClosureRequest(python=python), file=path)]
+    return list(_WHEELS[key])
+
+
+# The wheels chosen from a pylock, by (its sha256, the target Python, its folder): parsed once
+# per process. WheelRef is frozen, so sharing the items is safe.
+_WHEELS: dict[tuple[str, str, str], list[WheelRef]] = {}
+
+
+def _wheel_layer(name: str, kind: str, part: str | None, wheels: list[WheelRef],
+                 why: str, inputs: dict[str, str] | None = None) -> PlanLayer:
+    key = sha256_json({"format": INSTALL_FORMAT, "site": SITE_PACKAGES,
+                       "wheels": sorted(w.sha256 for w in wheels)})
+    return PlanLayer(index=0, name=name, part=part, kind=kind, key=key,
+                     inputs=inputs or {w.filename: w.sha256 for w in wheels}, files=[],
+                     generated=[], pip_install=[], run=[], why=why, wheels=wheels,
+                     owns=[f"{w.name}=={w.version}" for w in wheels])
+
+
+def _group_of(name: str) -> str:
+    for group, prefixes in CLOSURE_GROUPS:
+        if name.startswith(prefixes):
+            return group
+    return "deps"
+
+
+def _hermetic_engine_layers(lock: Lock, root: Path, parts: Sequence[tuple[LockedPart, PartBase]],
+                            closure: bytes | None = None
+                            ) -> tuple[list[PlanLayer], dict[str, PlanLayer]]:
+    """Layers of the Python closure: shared groups first, then one per owning part.
+
+    Returns the closure's shared layers (nvidia, torch, deps) and, per owning part name,
+    the layer holding the distributions that part owns (the engine's own wheel, a
+    package part's wheel).
+    """
+    wheels = closure_wheels(lock, root, closure)
+    owner: dict[str, str] = {}
+    for locked, part in parts:
+        ctx = PartContext(root=root, manifest=root / locked.manifest)
+        for dist in part.python_needs(ctx).owns:
+            owner[canonicalize_name(dist)] = locked.name
+    groups: dict[str, list[WheelRef]] = {}
+    owned: dict[str, list[WheelRef]] = {}
+    for w in wheels:
+        if w.name in owner:
+            owned.setdefault(owner[w.name], []).append(w)
+        else:
+            groups.setdefault(_group_of(w.name), []).append(w)
+    shared = []
+    for g in ("nvidia", "torch", "deps"):
+        small = [w for w in groups.get(g, []) if (w.size or 0) < OWN_LAYER_BYTES]
+        # a big wheel gets a layer of its own: a bump that moves one big wheel (vLLM
+        # 0.24 -> 0.25 moves flashinfer-cubin) rebuilds that layer alone
+        shared += [_wheel_layer(f"python:{w.name}", "closure", None, [w],
+                                f"{w.filename} ({(w.size or 0) / 1e6:.0f} MB) of the locked "
+                                "closure, a layer of its own")
+                   for w in groups.get(g, []) if (w.size or 0) >= OWN_LAYER_BYTES]
+        if small:
+            name = "python:deps" if g == "deps" else f"python:{g}-rest"
+            shared.append(_wheel_layer(name, "closure", None, small,
+                                       f"{len(small)} small wheels of the locked closure ({g})"))
+    by_part: dict[str, PlanLayer] = {}
+    for locked, _ in parts:
+        if locked.name in owned:
+            by_part[locked.name] = _wheel_layer(
+                f"{locked.kind}:{locked.name}", locked.kind, locked.name, owned[locked.name],
+                "wheel pinned by sha256, installed on the host from the locked closure",
+                inputs=locked.inputs)
+    return shared, by_part
+
+
+def _patch_layer(locked: LockedPart, part: Patch, engine_layer: PlanLayer) -> PlanLayer:
+    engine_wheel = engine_layer.wheels[0]
+    source = part.file if part.file is not None else str(part.url)
+    assert part.sha256 is not None or part.file is not None
+    sha = part.sha256 or locked.inputs[str(part.file)]
+    step = PatchStep(part=part.name, source=source, sha256=sha, engine_wheel=engine_wheel,
+                     manifest=locked.manifest, declared_compiled=part.touches_compiled)
+    key = sha256_json({"format": INSTALL_FORMAT, "site": SITE_PACKAGES, "patch": sha,
+                       "engine": engine_wheel.sha256})
+    return PlanLayer(index=0, name=f"patch:{part.name}", part=part.name, kind="patch", key=key,
+                     inputs=locked.inputs, files=[], generated=[], pip_install=[], run=[],
+                     why=f"Python-only patch applied on the host to {engine_wheel.filename}; "
+                         "the layer holds the files it changes", patch=step)
+
+
+def _part_layer(locked: LockedPart, part: PartBase, root: Path) -> PlanLayer | None:
+    """The layer of a part that copies files, builds a wheel or compiles a kernel."""
+    contribution = part.layer(PartContext(root=root, manifest=root / locked.manifest))
+    if contribution is None:
+        return None
+    build_wheels = list(contribution.build_wheels)
+    kernel = locked.spec if isinstance(part, Kernel) else None
+    run = [] if (build_wheels or kernel) else list(contribution.run)
+    pip = [] if (build_wheels or kernel) else list(contribution.pip_install)
+    stage = None
+    if contribution.stage is not None:
+        src = contribution.stage.source
+        stage = StageStep(name=f"build-{locked.name}", run=list(contribution.stage.run),
+                          outputs=list(contribution.stage.outputs),
+                          then=list(contribution.stage.then),
+                          source=SourceCheckout(repo=src.repo, commit=src.commit,
+                                                submodules=src.submodules, dest=src.dest)
+                          if src is not None else None)
+    if not (contribution.files or contribution.generated or pip or run or build_wheels
+            or kernel or stage):
+        return None
+    # The part's key, and how frank turns it into a layer: a change to either is a
+    # different layer, so a cached layer is never reused for other content.
+    key = sha256_json({"part": locked.key, "files": [(f.src, f.dest) for f in
+                                                     contribution.files],
+                       "generated": contribution.generated, "run": run, "pip_install": pip,
+                       "build_wheels": build_wheels, "kernel": kernel,
+                       "stage": stage.model_dump() if stage else None,
+                       "format": INSTALL_FORMAT, "site": SITE_PACKAGES})
+    return PlanLayer(
+        index=0, name=f"{locked.kind}:{locked.name}", part=locked.name,
+        kind=locked.kind, key=key, inputs=locked.inputs,
+        files=[CopyStep(src=f.src, dest=f.dest) for f in contribution.files],
+        generated=[GeneratedFile(dest=d, text=t) for d, t in contribution.generated],
+        pip_install=pip, run=run, why=contribution.why, build_wheels=build_wheels,
+        kernel=kernel, manifest=locked.manifest, impure=bool(run or stage), stage=stage,
+        network=contribution.network)
+
+
+def _key_stages_on_below(layers: list[PlanLayer], base: dict[str, str]) -> list[PlanLayer]:
+    """A builder stage runs on the image below it, so its layer's key covers every layer
+    below and the base image as well as its own inputs: the same inputs on another image
+    are another build (and the key is what its kept outputs are found by, ``stepcache``)."""
+    out: list[PlanLayer] = []
+    for layer in layers:
+        if layer.stage is not None:
+            layer = layer.model_copy(update={"key": sha256_json(
+                {"own": layer.key, "below": [x.key for x in out], "base": base})})
+        out.append(layer)
+    return out
+
+
+def _checks(parts: Sequence[tuple[LockedPart, PartBase]]) -> dict[str, list[list[str]]]:
+    return {locked.name: part.check.commands() for locked, part in parts
+            if part.check is not None}
+
+
+def build_plan(lock: Lock, root: Path, closure: bytes | None = None) -> BuildPlan:
+    """The ordered layers and image config for a lock (``closure``: its pylock's text, when
+    that is not yet written)."""
+    path = engine_path(lock)
+    parts = [(locked, PART_ADAPTER.validate_python(locked.spec)) for locked in lock.parts]
+    hermetic = path is not None and path.strategy == "release-wheel" \
+        and lock.python_closure is not None
+    layers: list[PlanLayer] = []
+    owned: dict[str, PlanLayer] = {}
+    if hermetic or (path is None and lock.python_closure is not None):
+        shared, owned = _hermetic_engine_layers(lock, root, parts, closure)
+        layers += shared
+    source_patches: list[str] = []
+    engine_layer: PlanLayer | None = None
+    for locked, part in parts:
+        if locked.name in owned:
+            layers.append(owned[locked.name])
+            if isinstance(part, EngineBase):
+                engine_layer = owned[locked.name]
+            continue
+        if hermetic and isinstance(part, Patch):
+            assert engine_layer is not None
+            layers.append(_patch_layer(locked, part, engine_layer))
+            continue
+        if hermetic and (isinstance(part, EngineBase)
+                         or (isinstance(part, Package) and part.git is None)):
+            continue  # nothing of its own in the closure (overrides/removals only)
+        layer = _part_layer(locked, part, root)
+        if layer is None:
+            continue
+        if path is not None and path.strategy == "source":
+            if isinstance(part, Patch):
+                source_patches.append(part.name)
+                what = "touches compiled code" if part.touches_compiled else "Python only"
+                layer = layer.model_copy(update={
+                    "run": [r for r in layer.run if not r.startswith("patch ")],
+                    "why": f"patch ({what}) staged for the engine's source build: "
+                           "applied to the source tree at the pinned commit before vLLM "
+                           "is built"})
+            elif isinstance(part, EngineBase):
+                continue  # built after the patches are in place
+        layers.append(layer)
+    if path is not None and path.strategy == "source":
+        engine_lock = next(p for p in lock.parts if p.kind == "engine")
+        engine = PART_ADAPTER.validate_python(engine_lock.spec)
+        assert isinstance(engine, EngineBase)
+        run = _source_build_run(engine, source_patches)
+        # Built once its patches are staged, and before anything that sits on the engine.
+        after = max((i for i, x in enumerate(layers) if x.kind == "patch"), default=-1) + 1
+        layers.insert(after, PlanLayer(
+            index=0, name=f"engine:{engine.name}", part=engine.name, kind="engine",
+            key=sha256_json({"run": run, "engine": engine_lock.key}), inputs=engine_lock.inputs,
+            files=[], generated=[], pip_install=[], run=run, why=path.why, impure=True,
+            network=True))
+    layers = _key_stages_on_below(layers, lock.base_image)
+    layers = [x.model_copy(update={"index": i}) for i, x in enumerate(layers, 1)]
+    launcher_text = LAUNCHER_SOURCE.read_text(encoding="utf-8")
+    launcher_hash = sha256_bytes(launcher_text.encode())
+    layers.append(PlanLayer(
+        index=len(layers) + 1, name="frank:launcher", part=None, kind="launcher",
+        key=launcher_hash, inputs={"frank/launch.py": launcher_hash}, files=[],
+        generated=[GeneratedFile(dest=LAUNCHER_IN_IMAGE, text=launcher_text)],
+        pip_install=[], run=[], why="the entrypoint: reads the lock, builds the engine command",
+    ))
+    lock_text = render_lock(lock)
+    layers.append(PlanLayer(
+        index=len(layers) + 1, name="frank:lock", part=None, kind="lock",
+        key=sha256_bytes(lock_text.encode()), inputs={"lock": sha256_bytes(lock_text.encode())},
+        files=[], generated=[GeneratedFile(dest=LOCK_IN_IMAGE, text=lock_text)], pip_install=[],
+        run=[], why="the lock, read by the launcher and by `frank inspect`",
+    ))
+    env = dict(lock.env)
+    env["VLLM_PLUGINS"] = ",".join(lock.plugins)
+    env["FRANK_LOCK"] = LOCK_IN_IMAGE
+    labels = {
+        "org.opencontainers.image.title": lock.stack,
+        "dev.frank.stack": lock.stack,
+        "dev.frank.lock.digest": lock.digest,
+        "dev.frank.parts": ",".join(f"{p.name}@{p.version}" for p in lock.parts),
+    }
+    return BuildPlan(
+        plan_version=PLAN_VERSION, stack=lock.stack, lock_digest=lock.digest,
+        source_date_epoch=SOURCE_DATE_EPOCH, base_image=lock.base_image, engine=path,
+        layers=layers, checks=_checks(parts),
+        config=ImageConfig(env=dict(sorted(env.items())),
+                           entrypoint=["python3", LAUNCHER_IN_IMAGE, "--lock", LOCK_IN_IMAGE],
+                           cmd=[], labels=labels),
+    )

@@ -1,0 +1,51 @@
+"""One lock for everything that rewrites a repo's stacks, locks or history.
+
+Why: revert, adopt and lock each read a stack and write it (or its lock) back; two at once
+used to lose one of them. Holding ``stacks/.frank.lock`` (fcntl, dropped by the kernel when
+the holder dies) makes each read-modify-write whole. Whoever takes the lock first finishes
+a change that a killed command journaled (``journal.recover``) and removes the temp files
+such a command left in stacks/ and parts/: while the lock is held nobody else is writing
+them, so every one found is stale.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from frank.history.journal import JOURNAL, STAGED_MARK, recover
+from frank.model.stackfiles import is_temp
+from frank.store.flock import held
+
+LOCK = ".frank.lock"
+
+
+def _stale(name: str) -> bool:
+    """Temp names frank's writers use in stacks/ (never the lock or the journal)."""
+    return is_temp(name) and name not in (LOCK, JOURNAL)
+
+
+def clean_stale(root: Path) -> list[Path]:
+    """Remove temp files a killed command left in stacks/ (and staged ones in parts/)."""
+    gone = []
+    stacks = root / "stacks"
+    candidates = [p for p in stacks.iterdir() if _stale(p.name)] if stacks.is_dir() else []
+    candidates += [p for p in (root / "parts").glob("*/.*") if STAGED_MARK in p.name]
+    for path in candidates:
+        with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+            path.unlink()
+            gone.append(path)
+    return gone
+
+
+@contextlib.contextmanager
+def repo_lock(root: Path) -> Iterator[None]:
+    """Hold the repo's stacks lock, first finishing or cleaning what a kill left."""
+    with held(root / "stacks" / LOCK):
+        if recover(root):
+            print("frank: finished a change an interrupted command had started "
+                  f"(stacks/{JOURNAL})", file=sys.stderr)
+        clean_stale(root)
+        yield

@@ -1,0 +1,118 @@
+"""Post-install step: a command whose outputs must land in the final image.
+
+JIT-precompiling a module, building a torch extension from a file a patch adds, editing or
+deleting a file of an installed package: each is a step with declared inputs (repo files
+or folders, hashed like any part's, copied into the step's stage only), a command run in a
+container on the image as built so far, and declared outputs (image paths). Only the
+outputs are copied from the step's stage into its layer, so what the command leaves
+elsewhere (caches, build trees) never reaches the image; an output the command did not
+produce stops the build with a line naming the step and the path. ``removes`` deletes
+installed files (a whiteout in the layer); a path that is not there is an error too.
+
+The layer is keyed by the step's spec, its inputs' hashes and every layer below it (the
+command reads that image), and the step is recorded in the lock as impure: it runs a
+command inside the image, so a container engine builds it (``--builder none`` writes the
+Dockerfile context offline).
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import ClassVar, Literal
+
+from pydantic import ConfigDict, Field, model_validator
+
+from frank.model.archs import Arch, ArchForm
+from frank.model.kinds.base import (
+    BuildStage,
+    FileCopy,
+    LayerContribution,
+    PartBase,
+    PartContext,
+    Strict,
+)
+from frank.model.kinds.env import EnvName
+from frank.model.kinds.package import SourceBuild, build_env
+from frank.model.pins import ImagePath, OneLine
+
+
+class StepInput(Strict):
+    """A repo file or folder the step reads, placed at ``dest`` in the step's stage."""
+
+    path: str
+    dest: ImagePath
+
+
+def step_dir(part_name: str) -> str:
+    """Where a step's inputs land in its stage (not in the image)."""
+    return f"/opt/frank/steps/{part_name}"
+
+
+class Step(PartBase):
+    """A typed post-install step (see the module docstring)."""
+
+    # `inputs` is also the protocol's method: the field is `inputs_`, spelled `inputs` in
+    # manifests and locks
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_by_name=True,
+                              validate_by_alias=True, serialize_by_alias=True)
+    layer_rank: ClassVar[int] = 85  # after packages, kernels, plugins and data it may read
+    artifact_fields: ClassVar[tuple[str, ...]] = ()
+
+    kind: Literal["step"]
+    run: OneLine  # run by /bin/sh -c in the step's stage, from workdir
+    workdir: ImagePath | None = None
+    inputs_: list[StepInput] = Field(default=[], alias="inputs")
+    outputs: list[ImagePath] = []
+    removes: list[ImagePath] = []
+    archs: list[Arch] = []
+    arch_env: dict[EnvName, ArchForm] = {}
+    variables: dict[EnvName, OneLine] = {}  # the command's environment (besides arch_env)
+
+    @model_validator(mode="after")
+    def _does_something(self) -> Step:
+        if not self.outputs and not self.removes:
+            raise ValueError("a step declares the image paths it produces (outputs) or "
+                             "deletes (removes)")
+        both = set(self.outputs) & set(self.removes)
+        if both:
+            raise ValueError(f"{sorted(both)[0]} is both an output and removed")
+        if bool(self.archs) != bool(self.arch_env):
+            raise ValueError("give archs and arch_env together")
+        clash = set(self.arch_env) & set(self.variables)
+        if clash:
+            raise ValueError(f"{sorted(clash)[0]} is set by both arch_env and variables")
+        return self
+
+    def inputs(self, ctx: PartContext) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for i, item in enumerate(self.inputs_):
+            where = ctx.path(item.path, f"inputs[{i}].path")
+            if where.is_dir():
+                out[f"{item.path}/"] = ctx.tree_hash(item.path, f"inputs[{i}].path")
+            else:
+                out[item.path] = ctx.file_hash(item.path, f"inputs[{i}].path")
+        return out
+
+    def layer(self, ctx: PartContext) -> LayerContribution | None:
+        q = shlex.quote
+        env = build_env(SourceBuild(archs=self.archs, arch_env=self.arch_env,
+                                      variables=self.variables))
+        workdir = self.workdir or step_dir(self.name)
+        cd = f"cd {q(workdir)} && "
+        run = [f"mkdir -p {q(workdir)}",
+               f"{cd}{'env ' + ' '.join(env) + ' ' if env else ''}/bin/sh -c {q(self.run)}"]
+        for path in self.outputs:
+            why = q(f"frank: step {self.name} did not produce its output {path}")
+            run.append(f"{{ test -e {q(path)} || {{ echo {why} >&2; exit 1; }}; }}")
+        then = []
+        for path in self.removes:
+            why = q(f"frank: step {self.name} removes {path}, which is not in the image")
+            then.append(f"{{ test -e {q(path)} || {{ echo {why} >&2; exit 1; }}; }} "
+                        f"&& rm -rf -- {q(path)}")
+        files = tuple(FileCopy(i.path, i.dest) for i in self.inputs_)
+        return LayerContribution(
+            files=files, stage=BuildStage(run=tuple(run), outputs=tuple(self.outputs),
+                                          then=tuple(then)),
+            why=f"post-install step run in a container; the layer holds "
+                f"{', '.join(self.outputs) or 'no new files'}"
+                f"{' and removes ' + ', '.join(self.removes) if self.removes else ''}")

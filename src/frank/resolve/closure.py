@@ -1,0 +1,273 @@
+"""The stack's whole Python closure, resolved by uv and written as a PEP 751 pylock.
+
+Every distribution the image will hold (the engine, package parts, plugins' dependencies)
+is resolved once for the stack's target (the base image's Python, linux x86_64,
+manylinux_2_36: Debian bookworm's glibc) and written beside the stack as
+``pylock.<stack>.toml``: each wheel with URL (or local path), size and sha256. The file
+carries ``[tool.frank].request``, the hash of what was asked for, so ``frank lock
+--check`` can tell offline whether it is current and ``frank lock`` re-resolves only when
+an input changed or ``--upgrade`` is given. The stack digest covers the pylock's sha256.
+
+uv does the resolving (it reads no pip configuration: only PyPI, plus the folders of
+local wheels a part pins); frank only turns parts into a request and picks, per package,
+the one wheel that fits the target.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from frank.errors import FrankError
+from frank.fsutil import write_atomic
+from frank.hashing import sha256_bytes, sha256_json
+
+if TYPE_CHECKING:
+    from packaging.tags import Tag
+
+    from frank.resolve.resolver import Resolved
+
+CLOSURE_FORMAT = 1
+DEFAULT_PLATFORM = "x86_64-manylinux_2_36"  # Debian bookworm: glibc 2.36
+DEFAULT_PYTHON = "3.11"  # Debian bookworm's python3, the bases' interpreter
+_GLIBC = (2, 36)
+
+
+@dataclass(frozen=True)
+class LocalWheel:
+    """A wheel a part pins by path and sha256 (uv finds it through its folder)."""
+
+    path: Path
+    sha256: str
+
+
+@dataclass
+class ClosureRequest:
+    """What the closure is resolved from; its hash says whether a pylock is current."""
+
+    python: str
+    platform: str = DEFAULT_PLATFORM
+    requirements: list[str] = field(default_factory=list)
+    overrides: list[str] = field(default_factory=list)
+    excludes: list[str] = field(default_factory=list)
+    local_wheels: list[LocalWheel] = field(default_factory=list)
+    pinned: dict[str, str] = field(default_factory=dict)  # distribution -> sha256 it must have
+
+    def digest(self) -> str:
+        return sha256_json({
+            "format": CLOSURE_FORMAT, "python": self.python, "platform": self.platform,
+            "requirements": sorted(self.requirements), "overrides": sorted(self.overrides),
+            "excludes": sorted(self.excludes),
+            "local_wheels": sorted(w.sha256 for w in self.local_wheels),
+            "pinned": dict(sorted(self.pinned.items())),
+        })
+
+
+@dataclass(frozen=True)
+class Wheel:
+    """One distribution of the closure: the wheel chosen for the target."""
+
+    name: str  # canonical name
+    version: str
+    filename: str
+    url: str  # https://... or file:///...
+    sha256: str
+    size: int | None
+
+
+def request_for(resolved: Resolved) -> ClosureRequest | None:
+    """The closure request of a resolved stack; None when no part brings Python packages."""
+    from frank.model.kinds.base import PartContext
+    from frank.model.kinds.engine import EngineBase
+
+    request = ClosureRequest(python=DEFAULT_PYTHON)
+    for rp in resolved.parts:
+        part = rp.manifest.part
+        if isinstance(part, EngineBase):
+            request.python = part.python
+        needs = part.python_needs(PartContext(root=resolved.root, manifest=rp.manifest.path))
+        request.requirements += needs.requirements
+        request.overrides += needs.overrides
+        request.excludes += needs.excludes
+        request.local_wheels += [LocalWheel(Path(p), sha) for p, sha in needs.local_wheels]
+        request.pinned.update(needs.pinned)
+    if not request.requirements:
+        return None
+    return request
+
+
+def pylock_path(stack_file: Path) -> Path:
+    """``stacks/served.toml`` -> ``stacks/pylock.served.toml`` (PEP 751 names it so)."""
+    stem = stack_file.stem.replace(".", "-")
+    return stack_file.with_name(f"pylock.{stem}.toml")
+
+
+def _uv() -> str:
+    found = shutil.which("uv") or str(Path(sys.executable).with_name("uv"))
+    if not Path(found).exists():
+        raise FrankError("uv is not installed (pip install uv); frank resolves the Python "
+                         "closure with it")
+    return found
+
+
+def resolve(request: ClosureRequest, out: Path, *, stack_file: Path) -> None:
+    """Resolve ``request`` with uv and write the pylock atomically."""
+    from frank.store.fetch import ca_bundle
+
+    with tempfile.TemporaryDirectory(prefix="frank-closure-") as tmp:
+        t = Path(tmp)
+        (t / "requirements.in").write_text("".join(f"{r}\n" for r in request.requirements))
+        (t / "overrides.txt").write_text("".join(f"{r}\n" for r in request.overrides))
+        (t / "excludes.txt").write_text("".join(f"{r}\n" for r in request.excludes))
+        cmd = [_uv(), "pip", "compile", str(t / "requirements.in"), "--format", "pylock.toml",
+               "-o", str(t / "pylock.toml"), "--python-version", request.python,
+               "--python-platform", request.platform, "--no-header", "--quiet",
+               "--overrides", str(t / "overrides.txt"), "--excludes", str(t / "excludes.txt"),
+               "--no-config"]
+        for folder in sorted({str(w.path.parent) for w in request.local_wheels}):
+            cmd += ["--find-links", folder]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("UV_")}
+        bundle = ca_bundle()
+        if bundle:
+            env["SSL_CERT_FILE"] = bundle
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp)
+        if proc.returncode != 0:
+            lines = [x for x in proc.stderr.splitlines() if x.strip()]
+            why = next((x for x in lines if "\u00d7" in x or "error" in x.lower()),
+                       lines[0] if lines else "uv failed")
+            detail = " ".join(x.strip() for x in lines[1:4])
+            raise FrankError(f"resolving the Python closure failed: {why.strip()} {detail}",
+                             file=stack_file)
+        text = (t / "pylock.toml").read_text(encoding="utf-8")
+    text = text.replace(str(Path(tmp)), ".")
+    text += f'\n[tool.frank]\nrequest = "{request.digest()}"\n'
+    wheels = select_wheels(tomllib.loads(text), request, file=out)
+    _check_pins(wheels, request, out)
+    write_atomic(out, text)
+
+
+def current(request: ClosureRequest, path: Path) -> bool:
+    """Whether the pylock at ``path`` was resolved from exactly this request (offline)."""
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return False
+    return bool(doc.get("tool", {}).get("frank", {}).get("request") == request.digest())
+
+
+def find_sibling(request: ClosureRequest, out: Path) -> Path | None:
+    """A current pylock of another stack in the same folder that asked the same."""
+    return next((other for other in sorted(out.parent.glob("pylock.*.toml"))
+                 if other != out and current(request, other)), None)
+
+
+def copy_sibling(request: ClosureRequest, out: Path) -> bool:
+    """Reuse (copy, offline) another stack's pylock that was resolved from the same request."""
+    other = find_sibling(request, out)
+    if other is not None:
+        write_atomic(out, other.read_bytes())
+    return other is not None
+
+
+def target_tags(python: str) -> list[Tag]:
+    """The wheel tags a CPython of ``python`` (e.g. "3.11") on manylinux_2_36 x86_64 takes."""
+    from packaging.tags import compatible_tags, cpython_tags
+
+    major, minor = (int(x) for x in python.split(".")[:2])
+    platforms = [f"manylinux_2_{m}_x86_64" for m in range(_GLIBC[1], 16, -1)]
+    platforms += ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64",
+                  "linux_x86_64"]
+    return [*cpython_tags((major, minor), platforms=platforms),
+            *compatible_tags((major, minor), platforms=platforms)]
+
+
+def _environment(python: str) -> dict[str, str]:
+    return {"implementation_name": "cpython", "platform_python_implementation": "CPython",
+            "python_version": python, "python_full_version": f"{python}.0",
+            "sys_platform": "linux", "platform_system": "Linux", "os_name": "posix",
+            "platform_machine": "x86_64", "implementation_version": f"{python}.0",
+            "platform_release": "", "platform_version": "", "extra": ""}
+
+
+def _wheel_url(entry: dict[str, Any], lock_file: Path) -> str:
+    if "url" in entry:
+        return str(entry["url"])
+    if "path" in entry:
+        path = Path(entry["path"])
+        return (path if path.is_absolute() else (lock_file.parent / path).resolve()).as_uri()
+    raise FrankError("a wheel entry has neither url nor path", file=lock_file)
+
+
+def select_wheels(doc: dict[str, Any], request: ClosureRequest, *, file: Path) -> list[Wheel]:
+    """Per package of a pylock, the best wheel for the target; a package without one fails."""
+    from packaging.markers import Marker
+    from packaging.utils import canonicalize_name, parse_wheel_filename
+
+    tags = target_tags(request.python)
+    rank = {t: i for i, t in enumerate(tags)}
+    env = _environment(request.python)
+    out: list[Wheel] = []
+    for pkg in doc.get("packages", []):
+        name = canonicalize_name(pkg["name"])
+        marker = pkg.get("marker")
+        if marker and not Marker(marker).evaluate(env):
+            continue
+        best: tuple[int, dict[str, Any], str] | None = None
+        for entry in pkg.get("wheels", []):
+            url = _wheel_url(entry, file)
+            filename = entry.get("name") or url.rsplit("/", 1)[-1]
+            _, _, _, wheel_tags = parse_wheel_filename(filename)
+            score = min((rank[t] for t in wheel_tags if t in rank), default=None)
+            if score is not None and (best is None or score < best[0]):
+                best = (score, entry, filename)
+        if best is None:
+            raise FrankError(f"{name} {pkg.get('version')} has no wheel for CPython "
+                             f"{request.python} on manylinux_2_36 x86_64 (frank builds no "
+                             "sdists inside an image)", file=file, field=f"packages.{name}")
+        _, entry, filename = best
+        out.append(Wheel(name=name, version=str(pkg.get("version", "")), filename=filename,
+                         url=_wheel_url(entry, file), sha256=entry["hashes"]["sha256"],
+                         size=entry.get("size")))
+    return sorted(out, key=lambda w: w.name)
+
+
+def _check_pins(wheels: list[Wheel], request: ClosureRequest, file: Path) -> None:
+    from packaging.utils import canonicalize_name
+
+    by_name = {w.name: w for w in wheels}
+    for dist, sha in request.pinned.items():
+        wheel = by_name.get(canonicalize_name(dist))
+        if wheel is None:
+            raise FrankError(f"{dist} is pinned by a part but not in the resolved closure",
+                             file=file)
+        if wheel.sha256 != sha:
+            raise FrankError(f"{dist}: the resolver chose {wheel.filename} (sha256 "
+                             f"{wheel.sha256[:16]}…) but a part pins sha256 {sha[:16]}…",
+                             file=file)
+
+
+def load(path: Path, request: ClosureRequest) -> list[Wheel]:
+    """The target's wheels from a current pylock; a stale or missing one is an error."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        doc = tomllib.loads(text)
+    except FileNotFoundError:
+        raise FrankError("the Python closure is not locked (run `frank lock`)",
+                         file=path) from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise FrankError(f"not a valid pylock: {exc}", file=path) from None
+    wheels = select_wheels(doc, request, file=path)
+    _check_pins(wheels, request, path)
+    return wheels
+
+
+def file_digest(path: Path) -> str:
+    """The pylock's sha256, for the stack lock."""
+    return sha256_bytes(path.read_bytes())

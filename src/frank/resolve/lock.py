@@ -1,0 +1,234 @@
+"""The lock: every resolved part, the hash of every input, and one stack digest.
+
+The digest hashes the resolved content only (model, target, base image, flags, env,
+plugins and each part's build-relevant fields and input hashes), never the stack's file
+name or a part's history fields, so two stacks that resolve alike share a digest. The lock
+file is canonical JSON with sorted keys: byte-identical on every run, clone and day.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from frank.errors import FrankError
+from frank.fsutil import write_atomic
+from frank.hashing import sha256_json
+from frank.model.kinds.base import FlagValue, Strict
+from frank.model.tomlio import read_text, validation_to_error
+from frank.resolve.resolver import Resolved
+
+LOCK_VERSION = 1
+
+
+class LockedPart(Strict):
+    """One part as locked."""
+
+    name: str
+    version: str
+    kind: str
+    manifest: str
+    manifest_sha256: str
+    inputs: dict[str, str]
+    key: str  # hash of the part's build spec and inputs: keys its image layer
+    spec: dict[str, Any]
+    # claims checked on fetched content when the lock was written (a URL patch's
+    # touches_compiled): claim -> what was found; left out of the file when empty
+    verified: dict[str, str] = {}
+
+
+class Lock(Strict):
+    """A lock file's content."""
+
+    lock_version: int
+    stack: str  # informational: not part of the digest
+    digest: str
+    model: dict[str, Any]
+    target: dict[str, Any]
+    base_image: dict[str, str]
+    command: list[str]
+    flags: dict[str, FlagValue]
+    env: dict[str, str]
+    plugins: list[str]
+    parts: list[LockedPart]
+    # the stack's Python closure: pylock file (repo-relative), its sha256, the request hash
+    python_closure: dict[str, str] | None = None
+    # build steps that run a command inside the image (a container engine, the network):
+    # recorded so that an impure image is never mistaken for a hermetic one
+    impure: list[str] = []
+
+    def part(self, name: str) -> LockedPart | None:
+        """The locked part of that name, if present."""
+        return next((p for p in self.parts if p.name == name), None)
+
+
+def lock_path(stack_path: Path) -> Path:
+    """The lock lives next to its stack: ``stacks/served.toml`` -> ``stacks/served.lock``."""
+    return stack_path.with_suffix(".lock")
+
+
+def impure_steps(resolved: Resolved) -> list[str]:
+    """The parts whose build must run commands inside the image, and why."""
+    from frank.model.kinds.engine import EngineBase
+    from frank.model.kinds.package import Package
+    from frank.model.kinds.patch import Patch
+    from frank.model.kinds.step import Step
+
+    parts = [rp.manifest.part for rp in resolved.parts]
+    compiled = [p.name for p in parts if isinstance(p, Patch) and p.touches_compiled]
+    out = []
+    for part in parts:
+        if isinstance(part, EngineBase) and part.image is None:
+            if compiled:
+                out.append(f"engine:{part.name}: source build ({', '.join(compiled)} "
+                           "touch compiled code)")
+            elif part.wheel is None:
+                out.append(f"engine:{part.name}: vLLM's precompiled path (no release wheel)")
+        if isinstance(part, Package) and part.git is not None:
+            out.append(f"package:{part.name}: wheel built from git {part.git.repo} at "
+                       f"{part.git.commit} (checked out by frank on the host) in a builder "
+                       "stage (a container engine; its apt-get and pip reach the network)")
+        if isinstance(part, Step):
+            out.append(f"step:{part.name}: runs in a container on the image below (off the "
+                       "network unless another part's build needs it); its outputs "
+                       f"{', '.join(part.outputs)} are the layer")
+    return out
+
+
+def verify_fetched(resolved: Resolved, previous: Lock | None,
+                   siblings: Callable[[], list[Lock]] = list,
+                   known: list[dict[str, Any]] | None = None) -> dict[str, dict[str, str]]:
+    """Check each URL patch's ``touches_compiled`` on the diff itself, fetched (store,
+    mirror, then the network) and verified by its sha256: the claim decides the engine's
+    install path, so a URL part is held to it exactly as a file part is. The verdict is a
+    function of the pinned bytes, so one the previous lock recorded for the same URL and
+    sha256 is reused without fetching again, as is one another lock of the repo recorded
+    (``siblings``, read only when needed: a new stack extending served), or one a revert kept
+    in the history for its undo (``known``: name, inputs, verified of the parts it took out;
+    after reverting a URL patch no lock holds its check); the build checks the diff once more
+    when it applies it."""
+    from frank.model.kinds.patch import Patch, touches_compiled
+
+    out: dict[str, dict[str, str]] = {}
+    for rp in resolved.parts:
+        part = rp.manifest.part
+        if not isinstance(part, Patch) or part.url is None or part.sha256 is None:
+            continue
+        claim = "true" if part.touches_compiled else "false"
+        verdict = f"{claim}: checked on the fetched diff (sha256 {part.sha256})"
+        if _recorded(previous, part.name, rp.inputs, verdict) \
+                or _kept(known, part.name, rp.inputs, verdict) or any(
+                _recorded(other, part.name, rp.inputs, verdict) for other in siblings()):
+            out[part.name] = {"touches_compiled": verdict}
+            continue
+        from frank.store.fetch import Fetcher, Pinned, mirror_dirs
+
+        try:
+            path = Fetcher(mirrors=mirror_dirs()).fetch(Pinned(str(part.url), part.sha256))
+        except FrankError as exc:
+            raise FrankError(f"checking touches_compiled: {exc.message}",
+                             file=rp.manifest.path, field="url") from None
+        actual = touches_compiled(path.read_text(encoding="utf-8", errors="replace"))
+        if actual != part.touches_compiled:
+            raise FrankError(
+                f"declared {part.touches_compiled} but the diff fetched from {part.url} "
+                f"{'touches' if actual else 'does not touch'} compiled code",
+                file=rp.manifest.path, field="touches_compiled")
+        out[part.name] = {"touches_compiled": verdict}
+    return out
+
+
+def _recorded(lock: Lock | None, name: str, inputs: dict[str, str], verdict: str) -> bool:
+    old = lock.part(name) if lock is not None else None
+    return old is not None and old.inputs == inputs \
+        and old.verified.get("touches_compiled") == verdict
+
+
+def _kept(known: list[dict[str, Any]] | None, name: str, inputs: dict[str, str],
+          verdict: str) -> bool:
+    """``_recorded`` for the checks a revert kept in its history line (name, inputs,
+    verified of each part it took out)."""
+    return any(k.get("name") == name and k.get("inputs") == inputs
+               and (k.get("verified") or {}).get("touches_compiled") == verdict
+               for k in known or [])
+
+
+def build_lock(resolved: Resolved, python_closure: dict[str, str] | None = None,
+               verified: dict[str, dict[str, str]] | None = None) -> Lock:
+    """The lock of a resolved stack (and of its Python closure, when it has one)."""
+    parts = []
+    digest_parts = []
+    for rp in resolved.parts:
+        spec = rp.build_spec()
+        key = sha256_json({"spec": spec, "inputs": rp.inputs})
+        m = rp.manifest
+        parts.append(LockedPart(
+            name=m.part.name, version=m.part.version, kind=m.part.kind, manifest=m.rel,
+            manifest_sha256=m.sha256, inputs=rp.inputs, key=key,
+            spec=m.part.model_dump(mode="json"), verified=(verified or {}).get(m.part.name, {}),
+        ))
+        digest_parts.append({"name": m.part.name, "key": key})
+    body = {
+        "model": resolved.stack.model.model_dump(mode="json"),
+        "target": resolved.stack.target.model_dump(mode="json", exclude_defaults=True),
+        "base_image": resolved.base_image,
+        "command": resolved.stack.command,
+        "flags": resolved.flags,
+        "env": resolved.env,
+        "plugins": resolved.plugins,
+    }
+    doc = {**body, "parts": digest_parts, "lock_version": LOCK_VERSION}
+    if python_closure is not None:  # its content, not its file name (like the stack's)
+        doc["python_closure"] = {k: v for k, v in python_closure.items() if k != "file"}
+    impure = impure_steps(resolved)
+    if impure:
+        doc["impure"] = impure
+    digest = "sha256:" + sha256_json(doc)
+    return Lock(lock_version=LOCK_VERSION, stack=resolved.stack.name, digest=digest,
+                parts=parts, python_closure=python_closure, impure=impure, **body)
+
+
+def render_lock(lock: Lock) -> str:
+    """Canonical text of a lock file."""
+    doc = lock.model_dump(mode="json")
+    for part in doc["parts"]:
+        if not part["verified"]:
+            del part["verified"]
+    return json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def write_lock(lock: Lock, path: Path) -> bool:
+    """Write the lock atomically; returns whether the file changed."""
+    text = render_lock(lock)
+    if lock_is_current(path, text):
+        return False
+    write_atomic(path, text)
+    return True
+
+
+def lock_is_current(path: Path, text: str) -> bool:
+    """Whether the lock file at ``path`` holds exactly ``text`` (compared as bytes, so a
+    file that is not UTF-8 is simply stale)."""
+    return path.is_file() and path.read_bytes() == text.encode()
+
+
+def _no_constant(name: str) -> Any:
+    """json.loads takes NaN and Infinity, which are not JSON: a lock never holds them."""
+    raise ValueError(f"{name} is not JSON")
+
+
+def read_lock(path: Path) -> Lock:
+    """Load a lock file; a missing, corrupt or foreign file is a one-line error."""
+    text = read_text(path, missing="lock file not found (run `frank lock`)")
+    try:
+        raw = json.loads(text, parse_constant=_no_constant)
+    except ValueError as exc:  # JSONDecodeError, or NaN/Infinity
+        raise FrankError(f"not valid JSON: {exc}", file=path) from None
+    try:
+        return Lock.model_validate(raw)
+    except ValidationError as exc:
+        raise validation_to_error(exc, path) from None

@@ -1,0 +1,137 @@
+"""Finding the repo, its stacks and their locks from what a user typed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from frank.errors import FrankError
+from frank.fsutil import find_repo_root
+from frank.model.catalog import Catalog
+from frank.model.stackfiles import stack_files
+from frank.resolve.lock import Lock, build_lock, lock_path, read_lock, verify_fetched
+from frank.resolve.resolver import Resolved, resolve
+
+# How lock_stack treats the stack's Python closure (pylock.<stack>.toml):
+#   use      the pylock must be current (offline); a stale one is an error
+#   check    offline; a stale or missing pylock is reported in Locked.closure_stale
+#   resolve  re-resolve with uv only when the request changed (network then)
+#   upgrade  always re-resolve
+ClosureMode = Literal["use", "check", "resolve", "upgrade"]
+
+
+@dataclass
+class Locked:
+    """A stack resolved and locked in memory (nothing written but, if asked, its pylock)."""
+
+    resolved: Resolved
+    lock: Lock
+    lock_file: Path
+    closure_file: Path | None = None
+    closure_stale: bool = False
+    closure_resolved: bool = False
+
+
+def stack_path(arg: str, root: Path) -> Path:
+    """A stack given by path (``stacks/served.toml``) or by name (``served``)."""
+    direct = Path(arg)
+    if direct.suffix == ".toml" or "/" in arg:
+        if not direct.is_file():
+            raise FrankError("stack file not found", file=arg)
+        return direct.resolve()
+    named = root / "stacks" / f"{arg}.toml"
+    if not named.is_file():
+        raise FrankError(f"no stack named {arg!r} (looked for stacks/{arg}.toml)")
+    return named
+
+
+def repo_root_for(path: Path | None = None) -> Path:
+    """The repo holding ``path`` (a stack file) or the current directory."""
+    return find_repo_root(path.parent if path is not None else Path.cwd())
+
+
+def lock_stack(arg: str, catalog: Catalog | None = None, closure: ClosureMode = "use") -> Locked:
+    """Resolve and lock a stack named or given by path, with its Python closure."""
+    root = repo_root_for(Path(arg) if arg.endswith(".toml") else None)
+    path = stack_path(arg, root)
+    root = repo_root_for(path)
+    return lock_resolved(resolve(path, root, catalog), path, root, closure)
+
+
+def _previous_lock(path: Path) -> Lock | None:
+    """The lock file as it is, when it reads (its recorded checks may be reused)."""
+    if not path.is_file():
+        return None
+    try:
+        return read_lock(path)
+    except FrankError:
+        return None
+
+
+def _recorded_current(previous: Lock | None, request: str, pylock: Path, root: Path) -> bool:
+    """Whether the stack's own lock says ``pylock``, byte for byte, was resolved from this
+    request. frank writes a lock only once its pylock is current, so this answers what
+    parsing the pylock's ``[tool.frank] request`` would (a pylock of 200 wheels takes
+    tens of ms to parse; hashing it, one)."""
+    from frank.resolve.closure import file_digest
+
+    recorded = previous.python_closure if previous is not None else None
+    return (recorded is not None and recorded.get("request") == request
+            and pylock.is_relative_to(root)
+            and recorded.get("file") == pylock.relative_to(root).as_posix()
+            and pylock.is_file() and recorded.get("sha256") == file_digest(pylock))
+
+
+def lock_resolved(resolved: Resolved, path: Path, root: Path, closure: ClosureMode = "use",
+                  closure_out: Path | None = None,
+                  known: list[dict[str, Any]] | None = None) -> Locked:
+    """Lock a resolved stack as the stack file ``path``, whose Python closure lives beside
+    it. The resolution may come from a staged copy of that file (an edit being checked
+    before it is written): the closure and the lock file are still the real stack's.
+    ``closure_out`` is a copy of the real pylock to read and re-resolve instead (an edit
+    being checked writes nothing real); the lock still names the real one."""
+    from frank.resolve import closure as pyclosure
+
+    own = lock_path(path)
+    previous = _previous_lock(own)
+    verified = verify_fetched(resolved, previous, lambda: [
+        lock for other in stack_files(root, ".lock") if other.resolve() != own.resolve()
+        if (lock := _previous_lock(other)) is not None], known)
+    request = pyclosure.request_for(resolved)
+    if request is None:
+        return Locked(resolved=resolved, lock=build_lock(resolved, verified=verified),
+                      lock_file=lock_path(path))
+    real = pyclosure.pylock_path(path)
+    pylock = closure_out or real
+    fresh = closure != "upgrade" and (
+        (closure_out is None and _recorded_current(previous, request.digest(), pylock, root))
+        or pyclosure.current(request, pylock))
+    stale = resolved_now = False
+    if not fresh:
+        if closure == "resolve" and pyclosure.copy_sibling(request, pylock):
+            pass  # another stack here asked for the same closure: reuse it, offline
+        elif closure in ("resolve", "upgrade"):
+            pyclosure.resolve(request, pylock, stack_file=path)
+            resolved_now = True
+        elif closure == "check":
+            stale = True
+        elif (sibling := pyclosure.find_sibling(request, pylock)) is not None:
+            pylock = sibling  # a read command on a new stack: another stack's is the same
+        else:
+            raise FrankError("the Python closure is stale or missing for this stack "
+                             "(run `frank lock`)", file=pylock)
+    named = real if pylock == closure_out else pylock
+    info = {"file": named.relative_to(root).as_posix() if named.is_relative_to(root)
+            else str(named), "request": request.digest(),
+            "sha256": pyclosure.file_digest(pylock) if pylock.is_file() else "missing"}
+    return Locked(resolved=resolved, lock=build_lock(resolved, info, verified),
+                  lock_file=lock_path(path),
+                  closure_file=pylock, closure_stale=stale, closure_resolved=resolved_now)
+
+
+def load_lock_any(arg: str) -> Lock:
+    """A lock from a ``.lock`` file, or by locking a stack (name or path) in memory."""
+    if arg.endswith(".lock"):
+        return read_lock(Path(arg))
+    return lock_stack(arg).lock

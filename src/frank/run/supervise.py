@@ -1,0 +1,325 @@
+"""Execute a ``RunPlan``: start the container, pass signals on, say when it is ready, and
+always remove the working container (on a normal exit, an error, SIGTERM or Ctrl-C).
+
+Why signals go to the entrypoint process under buildah: ``buildah run`` answers SIGTERM by
+killing the container outright, so the engine never shuts down cleanly. Chroot isolation
+shares the host's process table, so the launcher (the child of ``buildah-chroot-exec``) is
+signalled directly and forwards to the engine as it does under ``frank serve``. podman and
+docker proxy signals from their client to the container themselves.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+from typing import IO
+
+from frank.errors import FrankError
+from frank.run import launch
+from frank.run.container import RunPlan
+
+STOP_GRACE_S = 20.0
+# What buildah itself says when the container exits non-zero: not the container's words.
+_ENGINE_NOISE = re.compile(r"subprocess exited (with status -?\d+|on \w+)|"
+                           r"Error: (exit status -?\d+|signal: \w+)")
+_CHROOT_EXEC = "buildah-chroot-exec"
+
+
+class _Interrupted(Exception):
+    """A signal arrived before the container was started."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _children() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = collections.defaultdict(list)
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                ppid = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            kids[ppid].append(int(p.name))
+    return kids
+
+
+def _argv0(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0")[0].decode()
+    except OSError:
+        return ""
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process under ``pid``, parents before children."""
+    kids, out, todo = _children(), [], [pid]
+    while todo:
+        for child in kids.get(todo.pop(0), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def entrypoint_pid(client: int) -> int | None:
+    """The image's entrypoint process under a ``buildah run`` client, once it exists."""
+    for pid in descendants(client):
+        parent = _parent(pid)
+        if parent is not None and Path(_argv0(parent)).name == _CHROOT_EXEC:
+            return pid
+    return None
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _pump(src: IO[bytes], dest: IO[bytes], tail: collections.deque[str]) -> None:
+    """Pass the container's lines on (not buildah's own exit notes), keeping the last."""
+    for line in iter(src.readline, b""):
+        text = line.decode(errors="replace").strip()
+        if _ENGINE_NOISE.fullmatch(text):
+            continue
+        dest.write(line)
+        dest.flush()
+        if text:
+            tail.append(text)
+
+
+def _quiet(cmd: list[str], what: str) -> str:
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        lines = [ln for ln in (proc.stderr + proc.stdout).splitlines() if ln.strip()]
+        raise FrankError(f"{what} failed (exit {proc.returncode}): "
+                         f"{' '.join((lines or ['?'])[-1].split())}")
+    return proc.stdout
+
+
+def _port_free(url: str) -> None:
+    """Refuse to start when something already listens where the engine will: its /health
+    would be taken for the container's."""
+    parsed = urllib.parse.urlsplit(url)
+    with socket.socket() as sock:
+        sock.settimeout(1)
+        if sock.connect_ex((parsed.hostname or "127.0.0.1", parsed.port or 80)) == 0:
+            raise FrankError(f"something already listens on {parsed.netloc}, the port the "
+                             "lock's flags give the engine: stop it first")
+
+
+class Runner:
+    """One execution of a plan (see the module docstring for how signals travel)."""
+
+    def __init__(self, plan: RunPlan, ready_timeout: float,
+                 output: IO[bytes] | None = None) -> None:
+        self.plan = plan
+        self.ready_timeout = ready_timeout
+        self.output = output  # both of the container's streams; default ours
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.signalled: int | None = None
+        self.tail: collections.deque[str] = collections.deque(maxlen=20)
+        self.image_name: str | None = None
+        self.cleaning = False
+        self.pumps: list[threading.Thread] = []
+
+    def _signal(self, signum: int, _frame: FrameType | None) -> None:
+        if self.proc is None and not self.cleaning:
+            raise _Interrupted(signum)
+        if self.cleaning or self.signalled is not None:  # again: stop waiting for a clean exit
+            self._kill()
+            return
+        self.signalled = signum
+        self._forward(signum)
+
+    def _forward(self, signum: int) -> None:
+        assert self.proc is not None
+        target = self.proc.pid
+        if self.plan.engine == "buildah":
+            target = entrypoint_pid(self.proc.pid) or target
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(target, signum)
+
+    def _kill(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        for pid in [*reversed(descendants(self.proc.pid)), self.proc.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    def _stop(self) -> None:
+        """SIGTERM to the container, then SIGKILL if it has not exited within the grace."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self._forward(signal.SIGTERM)
+        try:
+            self.proc.wait(STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            self._kill()
+            self.proc.wait()
+
+    def execute(self) -> int:
+        """Run the plan; the container's exit code, or a FrankError when it never served."""
+        handlers = {s: signal.signal(s, self._signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self.start()
+            if self.plan.serve:
+                self._await_ready()
+            assert self.proc is not None
+            code = self.proc.wait()
+            return code if code >= 0 else 128 - code
+        except _Interrupted as exc:
+            return 128 + exc.signum
+        finally:
+            self.finish()
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
+
+    def start(self) -> None:
+        """Prepare the working container and start the image's entrypoint in it."""
+        if self.plan.serve:
+            _port_free(self.plan.url)
+        if self.plan.link:  # per image digest: a second run of the same image may share it
+            link = Path(self.plan.link)
+            link.parent.mkdir(mode=0o700, exist_ok=True)
+            with contextlib.suppress(FileExistsError):
+                link.symlink_to(self.plan.layout)
+            if link.resolve() != Path(self.plan.layout).resolve():
+                link.unlink()
+                link.symlink_to(self.plan.layout)
+        for cmd in self.plan.prepare:
+            _quiet(cmd, f"{Path(cmd[0]).name}, preparing the container")
+        self._remember_image()
+        self.proc = subprocess.Popen(self.plan.run, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, start_new_session=True)
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        outs = (self.output or sys.stdout.buffer, self.output or sys.stderr.buffer)
+        self.pumps = [threading.Thread(target=_pump, args=(src, dest, self.tail), daemon=True)
+                      for src, dest in zip((self.proc.stdout, self.proc.stderr), outs,
+                                           strict=True)]
+        for t in self.pumps:
+            t.start()
+
+    def finish(self) -> None:
+        """Stop the container (SIGTERM, then SIGKILL after the grace) and remove it."""
+        self.cleaning = True  # a signal now only hurries the stop: cleanup must finish
+        self._stop()
+        self._drain()
+        self._clean()
+
+    def _await_ready(self) -> None:
+        assert self.proc is not None
+        start = time.monotonic()
+        if launch.wait_ready(self.plan.url, self.proc, self.ready_timeout):
+            ready = (f"frank: ready: {self.plan.stack} image {self.plan.image} on "
+                     f"{self.plan.url.removesuffix('/health')} ({time.monotonic() - start:.1f}"
+                     f" s, container {self.plan.container} via {self.plan.engine})")
+            if self.output is not None:
+                self.output.write(ready.encode() + b"\n")
+                self.output.flush()
+            else:
+                print(ready, file=sys.stderr, flush=True)
+            return
+        if self.proc.poll() is None:  # still running, never answered
+            self._stop()
+            self._drain()
+            raise FrankError(f"{self.plan.url} did not answer 200 within {self.ready_timeout:g}"
+                             f" s; stopped the container{self._last_lines()}",
+                             field="--wait-ready")
+        code = self.proc.wait()
+        if code != 0 and self.signalled is None:
+            self._drain()
+            raise FrankError(f"the container exited {code} before {self.plan.url} answered"
+                             f"{self._last_lines()}")
+
+    def _drain(self) -> None:
+        """Wait (briefly) for the container's last lines to be passed on."""
+        for t in self.pumps:
+            t.join(5)
+
+    def _last_lines(self) -> str:
+        lines = list(self.tail)[-3:]
+        return ": " + " | ".join(lines) if lines else ""
+
+    def _remember_image(self) -> None:
+        """The image buildah stored for the working container, removed with it afterwards."""
+        if self.plan.engine != "buildah":
+            return
+        proc = subprocess.run([*self.plan.engine_args, "inspect", "--type", "container",
+                               "--format", "{{.FromImage}}", self.plan.container],
+                              capture_output=True, text=True, check=False)
+        self.image_name = proc.stdout.strip() or None
+
+    def _clean(self) -> None:
+        for cmd in self.plan.cleanup:
+            subprocess.run(cmd, capture_output=True, check=False)
+        # buildah keeps the imported image, named by its digest, for the next run (the
+        # layout is verified before every run; the storage is the engine's, like its cache)
+        if self.image_name and self.plan.engine != "buildah":
+            subprocess.run([*self.plan.engine_args, "rmi", self.image_name],
+                           capture_output=True, check=False)
+        if self.plan.link and self.plan.engine != "buildah":
+            link = Path(self.plan.link)
+            link.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                link.parent.rmdir()
+
+
+def execute(plan: RunPlan, ready_timeout: float) -> int:
+    """Run ``plan`` to the end; see ``Runner``."""
+    return Runner(plan, ready_timeout).execute()
+
+
+class Interrupted(Exception):
+    """SIGINT or SIGTERM arrived while ``serving`` held a container (it is removed)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def serving(plan: RunPlan, ready_timeout: float, output: IO[bytes]) -> Iterator[Runner]:
+    """Start ``plan``'s container, yield once /health answers, then stop and remove it.
+
+    Why not ``execute``: a caller that drives the engine itself (a trial's workload) needs
+    the container between ready and stop. The container's output goes to ``output``; a
+    container that never serves is a ``FrankError`` (quoting its last lines) after it is
+    removed; SIGINT/SIGTERM raise ``Interrupted`` so the caller's own cleanup runs too, and
+    a second one during the stop hurries it.
+    """
+    runner = Runner(plan, ready_timeout, output)
+
+    def interrupt(signum: int, _frame: FrameType | None) -> None:
+        if runner.cleaning:
+            runner._kill()
+            return
+        raise Interrupted(signum)
+
+    handlers = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        runner.start()
+        runner._await_ready()
+        assert runner.proc is not None
+        if runner.proc.poll() is not None:  # exited 0 before it ever answered
+            raise FrankError(f"the container exited {runner.proc.returncode} before "
+                             f"{plan.url} answered{runner._last_lines()}")
+        yield runner
+    finally:
+        runner.finish()
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)

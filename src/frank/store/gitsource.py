@@ -1,0 +1,101 @@
+"""A git source at a full commit, checked out on the host and verified, for a builder stage.
+
+Why on the host: the commit is the pin, and the host is where pins are fetched and checked
+(the rule for every input). A container that clones would need git, the network and
+GitHub; here the stage gets a plain tree. The clone is kept in frank's cache by repo URL
+(``git/<sha256 of the URL>``), so a second build fetches only what is new; submodules come
+at the commits the source records. The tree copied into the stage holds no ``.git``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from frank.errors import FrankError
+from frank.model.sources import check_inside, local_path
+from frank.store.flock import held
+
+
+def _git(args: list[str], *, cwd: Path | None, log: Path, what: str,
+         local: bool = False) -> str:
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
+    if local:  # a repo inside this one (checked): its local submodules may be read too
+        env.update({"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "protocol.file.allow",
+                    "GIT_CONFIG_VALUE_0": "always"})
+    proc = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          check=False)
+    with log.open("a", encoding="utf-8") as out:
+        out.write(f"$ git {' '.join(args)}\n{proc.stdout}{proc.stderr}")
+    if proc.returncode != 0:
+        why = [x.strip() for x in proc.stderr.splitlines() if x.strip()][-2:]
+        raise FrankError(f"{what} failed: {' | '.join(why) or f'exit {proc.returncode}'} "
+                         f"(log {log})")
+    return proc.stdout.strip()
+
+
+def _has_commit(mirror: Path, commit: str) -> bool:
+    return subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=mirror,
+                          capture_output=True, check=False).returncode == 0
+
+
+def checkout(repo: str, commit: str, submodules: bool, dest: Path, *, root: Path,
+             cache: Path, log: Path) -> None:
+    """Place the tree of ``repo`` at ``commit`` (and its submodules) at ``dest``, which must
+    not exist yet; the commit checked out is verified to be the pinned one. A local remote,
+    and every local submodule remote, must be inside ``root``."""
+    check_inside(repo, root)
+    local = local_path(repo) is not None
+    log.parent.mkdir(parents=True, exist_ok=True)
+    mirror = cache / "git" / hashlib.sha256(repo.encode()).hexdigest()[:32]
+    mirror.parent.mkdir(parents=True, exist_ok=True)
+    with held(mirror.with_suffix(".lock")):
+        if not (mirror / "HEAD").is_file():
+            tmp = Path(tempfile.mkdtemp(prefix=".clone-", dir=mirror.parent))
+            _git(["init", "--bare", "-q", str(tmp)], cwd=None, log=log, what="git init")
+            tmp.rename(mirror)
+        if not _has_commit(mirror, commit):
+            _git(["fetch", "-q", "--no-tags", repo, "+refs/heads/*:refs/frank/heads/*",
+                  "+refs/tags/*:refs/frank/tags/*"], cwd=mirror, log=log,
+                 what=f"fetching {repo}", local=local)
+            if not _has_commit(mirror, commit):
+                _git(["fetch", "-q", "--no-tags", repo, commit], cwd=mirror, log=log,
+                     what=f"fetching commit {commit} of {repo}", local=local)
+    work = Path(tempfile.mkdtemp(prefix=".checkout-", dir=mirror.parent))
+    try:
+        _git(["clone", "-q", "--no-checkout", "--shared", str(mirror), str(work / "src")],
+             cwd=None, log=log, what="git clone from frank's cache")
+        src = work / "src"
+        _git(["checkout", "-q", "--detach", commit], cwd=src, log=log,
+             what=f"checking out {commit}")
+        if _git(["rev-parse", "HEAD"], cwd=src, log=log, what="git rev-parse") != commit:
+            raise FrankError(f"{repo}: the checkout is not at the pinned commit {commit}")
+        if submodules:
+            # the source's own .gitmodules URLs are relative to the repo, not to the cache
+            _git(["config", "remote.origin.url", repo], cwd=src, log=log, what="git config")
+            _submodules(src, repo, root, log, local)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(src, dest, symlinks=True,
+                        ignore=lambda _d, names: [n for n in names if n == ".git"])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _submodules(src: Path, repo: str, root: Path, log: Path, local: bool) -> None:
+    """Check out the submodules at the commits the source records, level by level, each
+    local remote checked to be inside the repo before git reads it."""
+    _git(["submodule", "init", "-q"], cwd=src, log=log, what="git submodule init")
+    urls = subprocess.run(["git", "config", "--get-regexp", r"^submodule\..*\.url$"],
+                          cwd=src, capture_output=True, text=True, check=False).stdout
+    for line in urls.splitlines():
+        check_inside(line.split(maxsplit=1)[1], root)
+    _git(["submodule", "update", "-q"], cwd=src, log=log,
+         what=f"submodules of {repo}", local=local)
+    listed = _git(["submodule", "status"], cwd=src, log=log, what="git submodule status")
+    for line in listed.splitlines():
+        path = line[1:].split()[1]
+        _submodules(src / path, repo, root, log, local)
