@@ -28,15 +28,15 @@ def _stage(module: str) -> int:
     return STAGES.index(parts[1])
 
 
-def _module_name(path: Path) -> str:
-    rel = path.relative_to(SRC.parent).with_suffix("")
+def _module_name(path: Path, src: Path) -> str:
+    rel = path.relative_to(src.parent).with_suffix("")
     parts = list(rel.parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
-def _imports(path: Path) -> list[tuple[int, str]]:
+def _imports(path: Path, src: Path) -> list[tuple[int, str]]:
     tree = ast.parse(path.read_text(encoding="utf-8"))
     out: list[tuple[int, str]] = []
     for node in ast.walk(tree):
@@ -46,7 +46,7 @@ def _imports(path: Path) -> list[tuple[int, str]]:
               and node.module.split(".")[0] == "frank"):
             for a in node.names:  # `from frank.x import y` may name the module frank.x.y
                 full = f"{node.module}.{a.name}"
-                sub = SRC.parent / Path(*full.split("."))
+                sub = src.parent / Path(*full.split("."))
                 is_module = sub.with_suffix(".py").is_file() or sub.is_dir()
                 out.append((node.lineno, full if is_module else node.module))
     return out
@@ -55,11 +55,11 @@ def _imports(path: Path) -> list[tuple[int, str]]:
 def layering_violations(src: Path = SRC) -> list[str]:
     bad = []
     for path in sorted(src.rglob("*.py")):
-        name = _module_name(path)
+        name = _module_name(path, src)
         if name == "frank.__main__":
             continue  # `python -m frank` is the CLI's entry
         own = _stage(name)
-        for line, target in _imports(path):
+        for line, target in _imports(path, src):
             if _stage(target) > own:
                 bad.append(f"{path.relative_to(src.parent)}:{line}: {name} imports {target}")
     return bad
@@ -76,7 +76,7 @@ def test_at_most_five_modules_at_the_root_and_every_stage_is_a_package() -> None
         if (SRC / stage).exists():
             assert (SRC / stage / "__init__.py").is_file(), stage
             doc = ast.get_docstring(ast.parse((SRC / stage / "__init__.py").read_text()))
-            assert doc and "may import" in doc.lower(), f"{stage}/__init__.py must say what it may import"
+            assert doc and "may import" in doc.lower(), f"{stage}/__init__.py: what may it import?"
 
 
 def test_the_check_catches_a_backwards_import(tmp_path: Path) -> None:
