@@ -10,6 +10,7 @@ from frank.errors import FrankError
 from frank.fsutil import find_repo_root
 from frank.model.catalog import Catalog
 from frank.model.stackfiles import stack_files
+from frank.resolve.derive import derive_outputs
 from frank.resolve.lock import Lock, build_lock, lock_path, read_lock, verify_fetched
 from frank.resolve.resolver import Resolved, resolve
 
@@ -95,12 +96,17 @@ def lock_resolved(resolved: Resolved, path: Path, root: Path, closure: ClosureMo
 
     own = lock_path(path)
     previous = _previous_lock(own)
-    verified = verify_fetched(resolved, previous, lambda: [
-        lock for other in stack_files(root, ".lock") if other.resolve() != own.resolve()
-        if (lock := _previous_lock(other)) is not None], known)
+
+    def siblings() -> list[Lock]:
+        return [lock for other in stack_files(root, ".lock") if other.resolve() != own.resolve()
+                if (lock := _previous_lock(other)) is not None]
+
+    verified = verify_fetched(resolved, previous, siblings, known)
+    derived = derive_outputs(resolved, previous, siblings, closure)
     request = pyclosure.request_for(resolved)
     if request is None:
-        return Locked(resolved=resolved, lock=build_lock(resolved, verified=verified),
+        return Locked(resolved=resolved, lock=build_lock(resolved, verified=verified,
+                                                         derived=derived),
                       lock_file=lock_path(path))
     real = pyclosure.pylock_path(path)
     pylock = closure_out or real
@@ -125,7 +131,7 @@ def lock_resolved(resolved: Resolved, path: Path, root: Path, closure: ClosureMo
     info = {"file": named.relative_to(root).as_posix() if named.is_relative_to(root)
             else str(named), "request": request.digest(),
             "sha256": pyclosure.file_digest(pylock) if pylock.is_file() else "missing"}
-    return Locked(resolved=resolved, lock=build_lock(resolved, info, verified),
+    return Locked(resolved=resolved, lock=build_lock(resolved, info, verified, derived),
                   lock_file=lock_path(path),
                   closure_file=pylock, closure_stale=stale, closure_resolved=resolved_now)
 
