@@ -184,7 +184,7 @@ def network_cut() -> tuple[str, ...]:
     return ()
 
 
-def check_stdlib_only(program: Path, manifest: Path) -> None:
+def check_stdlib_only(program: Path, manifest: Path, root: Path) -> None:
     """Refuse a program that imports anything but the standard library and its own modules
     (it runs without site-packages: the import would fail, or, worse, find something)."""
     files = [f for f in tree_files(program) if f.suffix == ".py"]
@@ -194,7 +194,7 @@ def check_stdlib_only(program: Path, manifest: Path) -> None:
         try:
             tree = ast.parse(file.read_bytes(), filename=str(file))
         except SyntaxError as exc:
-            raise FrankError(f"{file.relative_to(program.parent)}: line {exc.lineno}: "
+            raise FrankError(f"{file.relative_to(root)}: line {exc.lineno}: "
                              f"{exc.msg}", file=manifest, field="program") from None
         for node in ast.walk(tree):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
@@ -204,8 +204,9 @@ def check_stdlib_only(program: Path, manifest: Path) -> None:
                 top = name.split(".")[0]
                 if top and top not in allowed:
                     raise FrankError(
-                        f"{file.relative_to(program.parent)} line {getattr(node, 'lineno', 0)} imports "
-                        f"{name}, which is not in the standard library: a derived part's "
+                        f"{file.relative_to(root)} line "
+                        f"{getattr(node, 'lineno', 0)} imports {name}, which is not in the "
+                        "standard library: a derived part's "
                         "program runs on the standard library alone", file=manifest,
                         field="program")
 
@@ -266,6 +267,9 @@ def run_once(part: Derived, files: dict[str, Path], root: Path, manifest: Path,
         raise FrankError(f"{where} {refused.removeprefix(VIOLATION).strip()}",
                          file=manifest, field="program")
     if proc.returncode != 0:
+        said = _said(part, err, manifest)
+        if said is not None:
+            raise said
         tail = " | ".join(ln.strip() for ln in err.strip().splitlines()[-3:]) or "no output"
         raise FrankError(f"{where} exited {proc.returncode}: {tail[:400]}", file=manifest,
                          field="program")
@@ -280,6 +284,28 @@ def run_once(part: Derived, files: dict[str, Path], root: Path, manifest: Path,
         raise FrankError(f"{where} wrote {extra[0]} besides its output out/{part.output}",
                          file=manifest, field="output")
     return out.read_bytes()
+
+
+def _said(part: Derived, err: str, manifest: Path) -> FrankError | None:
+    """The program's own one-line refusal, named as the user knows it: ``in/<name>:
+    FIELD: why`` is about that input (its repo path or hub label), ``--<param>: why`` about
+    the manifest's ``params.<param>``. None for anything else."""
+    lines = err.strip().splitlines()
+    if not lines:
+        return None
+    last = lines[-1].strip()
+    for item in part.inputs_:
+        prefix = f"in/{item.file_name}: "
+        if last.startswith(prefix):
+            rest = last.removeprefix(prefix)
+            field, _, why = rest.partition(": ")
+            return FrankError(why or field, file=item.label, field=field if why else None)
+    if last.startswith("--"):
+        option, _, why = last.partition(": ")
+        name = option.removeprefix("--")
+        if why and name in part.params:
+            return FrankError(why, file=manifest, field=f"params.{name}")
+    return None
 
 
 def first_difference(a: bytes, b: bytes) -> str:
@@ -331,7 +357,7 @@ def derive(part: Derived, inputs: dict[str, str], manifest: Path, root: Path) ->
         raise FrankError(f"{tree} is not the program the lock names (tree "
                          f"{str(inputs.get(tree))[:16]}...): run `frank lock`",
                          file=manifest, field="program.path")
-    check_stdlib_only(program, manifest)
+    check_stdlib_only(program, manifest, root)
     files = _input_files(part, inputs, root)
 
     def unchanged(when: str) -> None:
