@@ -245,8 +245,8 @@ BAD_PROGRAMS = {
     "differs": ("import sys, time\nopen(sys.argv[2], 'w').write(str(time.time_ns()))\n",
                 "output: parts/bad/prog/main.py gave two different outputs from the same "
                 "inputs: byte "),
-    "third-party": ("import numpy\n", "program: parts/bad/prog/main.py line 1 imports numpy, which is "
-                                      "not in the standard library"),
+    "third-party": ("import numpy\n", "program: parts/bad/prog/main.py line 1 imports numpy, "
+                                      "which is not in the standard library"),
     "undeclared": ("import sys\nopen('/etc/hostname').read()\nopen(sys.argv[2], 'w')\n",
                    "program: parts/bad/prog/main.py reads a file it did not declare: "
                    "/etc/hostname"),
