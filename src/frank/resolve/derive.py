@@ -45,6 +45,7 @@ from frank.errors import FrankError
 from frank.fsutil import write_atomic
 from frank.hashing import (
     check_link_inside,
+    sha256_bytes,
     sha256_file,
     sha256_json,
     tree_files,
@@ -135,33 +136,29 @@ def _index_path(key: str) -> Path:
 def kept(key: str) -> Output | None:
     """The output kept for ``key``, if its index entry reads and its blob is there and
     still holds those bytes (checked by content: the store is not trusted)."""
-    from frank.store.blobs import BlobStore
-
     try:
         doc = json.loads(_index_path(key).read_text(encoding="utf-8"))
         out = Output(key=str(doc["key"]), sha256=str(doc["sha256"]), size=int(doc["size"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if out.key != key:
-        return None
-    try:
-        BlobStore().verified_path("sha256:" + out.sha256)
-    except FrankError:
+    if out.key != key or output_bytes(out.sha256) is None:
         return None
     return out
 
 
 def output_bytes(sha256: str) -> bytes | None:
-    """The kept output of that sha256 from the store, verified, or None."""
-    from frank.store.blobs import BlobStore
+    """The kept output of that sha256 from the store, checked by content, or None. Read
+    directly (no ``BlobStore``, which makes folders): a read command that places a derived
+    file (``frank diff`` plans both stacks) stays a pure read, so its answer can be kept."""
+    import re
 
-    store = BlobStore()
-    if not store.has("sha256:" + sha256):
+    if not re.fullmatch(r"[0-9a-f]{64}", sha256):
         return None
     try:
-        return store.read_bytes("sha256:" + sha256)
-    except FrankError:
+        data = (cache_root() / "blobs" / "sha256" / sha256).read_bytes()
+    except OSError:
         return None
+    return data if sha256_bytes(data) == sha256 else None
 
 
 @functools.cache
