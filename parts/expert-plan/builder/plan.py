@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Build an expert plan (which routed experts stay on the CPU) from routing-count traces.
 
-Method: frequency placement, as ktransformers and other CPU/GPU MoE offloaders place
+Method: frequency placement, as ktransformers' `frequency` strategy places
 experts: the experts that route the most tokens stay on the GPU, the least-routed go to
 the CPU, exactly ``budget`` of them. DeepSeek's EPLB greedy packing solves another problem
 (balancing load across GPUs, with replicas); with one CPU pool and one GPU pool the share
