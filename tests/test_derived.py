@@ -331,3 +331,55 @@ def test_hub_input_pinned_by_sha256_comes_from_a_mirror_offline(
     (repo / "stacks/plan-smoke.lock").unlink()
     r = frank("lock", "plan-smoke", cwd=repo)
     assert r.code == 2 and len(r.err.strip().splitlines()) == 1, r.err
+
+
+def _file_in_image(layout: Path, name: str) -> tuple[bytes, list[str]]:
+    """A file's bytes from an OCI layout's layers, and the image config's env."""
+    import tarfile
+
+    def blob(digest: str) -> Path:
+        return layout / "blobs" / "sha256" / digest.split(":", 1)[1]
+
+    index = json.loads((layout / "index.json").read_text())
+    manifest = json.loads(blob(index["manifests"][0]["digest"]).read_text())
+    env = json.loads(blob(manifest["config"]["digest"]).read_text())["config"]["Env"]
+    found = b""
+    for layer in manifest["layers"]:
+        with tarfile.open(blob(layer["digest"])) as tar:
+            for member in tar.getmembers():
+                if member.name == name:
+                    handle = tar.extractfile(member)
+                    assert handle is not None
+                    found = handle.read()
+    return found, env
+
+
+@pytest.mark.slow
+def test_image_holds_the_derived_file_and_a_fresh_store_gives_the_same_image(
+        repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real OCI image (embedded builder, smoke-cpu + the derived plan): the file at dest
+    is the locked output and the env var points at it; with the kept output gone (another
+    machine), compose makes it again and builds the same image digest. The session's
+    FRANK_CACHE (a warm base, as test_compose_image's) when one is set; about 30 s then."""
+    import os
+
+    cache = Path(os.environ.get("FRANK_CACHE") or tmp_path / "cache")
+    monkeypatch.setenv("FRANK_CACHE", str(cache))
+    write_stack(repo, "from-traces")
+    assert frank("lock", "plan-smoke", cwd=repo).code == 0
+    sha = str(locked_part(repo)["derived"]["sha256"])  # type: ignore[index]
+    r = frank("compose", "stacks/plan-smoke.toml", "--locked", "--json", cwd=repo)
+    assert r.code == 0, r.err
+    digest = json.loads(r.out)["image"]["digest"]
+    data, env = _file_in_image(repo / "out/plan-smoke/image", "opt/frank/data/expert-plan.json")
+    assert hashlib.sha256(data).hexdigest() == sha
+    assert "EXL3_CPU_EXPERTS_PLAN=/opt/frank/data/expert-plan.json" in env
+    (cache / "blobs" / "sha256" / sha).unlink()
+    for index in (cache / "derived").glob("*.json"):
+        index.unlink()
+    n = len(runs(cache))
+    r = frank("compose", "stacks/plan-smoke.toml", "--locked", "--json", "--out",
+              str(tmp_path / "elsewhere"), cwd=repo)
+    assert r.code == 0, r.err
+    assert json.loads(r.out)["image"]["digest"] == digest
+    assert len(runs(cache)) == n + 1
