@@ -10,7 +10,6 @@ from frank.errors import FrankError
 from frank.fsutil import find_repo_root
 from frank.model.catalog import Catalog
 from frank.model.stackfiles import stack_files
-from frank.resolve.derive import derive_outputs
 from frank.resolve.lock import Lock, build_lock, lock_path, read_lock, verify_fetched
 from frank.resolve.resolver import Resolved, resolve
 
@@ -102,7 +101,11 @@ def lock_resolved(resolved: Resolved, path: Path, root: Path, closure: ClosureMo
                 if (lock := _previous_lock(other)) is not None]
 
     verified = verify_fetched(resolved, previous, siblings, known)
-    derived = derive_outputs(resolved, previous, siblings, closure)
+    derived = None
+    if any(rp.manifest.part.kind == "derived" for rp in resolved.parts):
+        from frank.resolve.derive import derive_outputs  # only a stack that has one pays
+
+        derived = derive_outputs(resolved, previous, siblings, closure)
     request = pyclosure.request_for(resolved)
     if request is None:
         return Locked(resolved=resolved, lock=build_lock(resolved, verified=verified,
