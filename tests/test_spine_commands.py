@@ -159,7 +159,7 @@ def test_parts_and_show(repo: Path) -> None:
     assert by[("vllm-base", "783380af")]["status"] == "rejected"
     assert len([r for r in rows if r["status"] == "parked"]) == 3
     shown = json.loads(frank("show", "expert-plan", "--json", cwd=repo).out)
-    assert [s["version"] for s in shown] == ["own-traffic", "published"]
+    assert [s["version"] for s in shown] == ["from-traces", "own-traffic", "published"]
     assert frank("show", "nope", cwd=repo).code == 2
 
 

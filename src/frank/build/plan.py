@@ -18,13 +18,14 @@ from packaging.utils import canonicalize_name
 
 from frank.errors import FrankError
 from frank.hashing import sha256_bytes, sha256_json
+from frank.image.spec import LOCK_IN_IMAGE as LOCK_IN_IMAGE
 from frank.model.kinds import PART_ADAPTER
 from frank.model.kinds.base import PartBase, PartContext, Strict
+from frank.model.kinds.derived import Derived
 from frank.model.kinds.engine import EngineBase, torch_arch_list
 from frank.model.kinds.kernel import Kernel
 from frank.model.kinds.package import Package
 from frank.model.kinds.patch import Patch
-from frank.image.spec import LOCK_IN_IMAGE as LOCK_IN_IMAGE
 from frank.resolve.lock import Lock, LockedPart, render_lock
 
 PLAN_VERSION = 2
@@ -361,6 +362,24 @@ def _part_layer(locked: LockedPart, part: PartBase, root: Path) -> PlanLayer | N
         network=contribution.network)
 
 
+def _derived_layer(locked: LockedPart, part: Derived, root: Path) -> PlanLayer:
+    """A derived part's output, kept in the store at lock time (``resolve.derive``), read
+    back and checked against the lock's sha256, placed at ``dest`` as a generated file (so
+    the embedded builder and a Dockerfile context place it alike, and the key covers it)."""
+    from frank.resolve.derive import placed_bytes
+
+    sha = str(locked.derived.get("sha256"))
+    text = placed_bytes(part, locked.derived, locked.inputs, root / locked.manifest,
+                        root).decode("utf-8")
+    return PlanLayer(
+        index=0, name=f"derived:{locked.name}", part=locked.name, kind=locked.kind,
+        key=sha256_json({"part": locked.key, "dest": part.dest, "output": sha}),
+        inputs={**locked.inputs, f"output:{part.output}": sha}, files=[],
+        generated=[GeneratedFile(dest=part.dest, text=text)], pip_install=[], run=[],
+        why=f"derived at lock time by {part.program.path}/{part.program.main}; its output "
+            f"(sha256 {sha[:16]}...) placed as it is", manifest=locked.manifest)
+
+
 def _key_stages_on_below(layers: list[PlanLayer], base: dict[str, str]) -> list[PlanLayer]:
     """A builder stage runs on the image below it, so its layer's key covers every layer
     below and the base image as well as its own inputs: the same inputs on another image
@@ -406,7 +425,8 @@ def build_plan(lock: Lock, root: Path, closure: bytes | None = None) -> BuildPla
         if hermetic and (isinstance(part, EngineBase)
                          or (isinstance(part, Package) and part.git is None)):
             continue  # nothing of its own in the closure (overrides/removals only)
-        layer = _part_layer(locked, part, root)
+        layer = _derived_layer(locked, part, root) if isinstance(part, Derived) \
+            else _part_layer(locked, part, root)
         if layer is None:
             continue
         if path is not None and path.strategy == "source":

@@ -43,7 +43,10 @@ def _split(locked: LockedPart | None) -> tuple[dict[str, Any], dict[str, Any]]:
     build = {k: v for k, v in locked.spec.items()
              if k not in METADATA_FIELDS and k not in IDENTITY_FIELDS}
     history = {k: v for k, v in locked.spec.items() if k in METADATA_FIELDS}
-    return {"spec": build, "inputs": locked.inputs}, history
+    out: dict[str, Any] = {"spec": build, "inputs": locked.inputs}
+    if locked.derived:  # a derived part's output, made at lock time: before and after
+        out["output"] = {k: locked.derived.get(k) for k in ("sha256", "size")}
+    return out, history
 
 
 def _content(locked: LockedPart) -> tuple[str, tuple[str, ...]] | None:

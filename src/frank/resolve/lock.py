@@ -39,6 +39,9 @@ class LockedPart(Strict):
     # claims checked on fetched content when the lock was written (a URL patch's
     # touches_compiled): claim -> what was found; left out of the file when empty
     verified: dict[str, str] = {}
+    # a derived part's output, made at lock time (resolve.derive): its key, sha256 and
+    # size; covered by ``key``; left out of the file when empty
+    derived: dict[str, Any] = {}
 
 
 class Lock(Strict):
@@ -158,18 +161,23 @@ def _kept(known: list[dict[str, Any]] | None, name: str, inputs: dict[str, str],
 
 
 def build_lock(resolved: Resolved, python_closure: dict[str, str] | None = None,
-               verified: dict[str, dict[str, str]] | None = None) -> Lock:
-    """The lock of a resolved stack (and of its Python closure, when it has one)."""
+               verified: dict[str, dict[str, str]] | None = None,
+               derived: dict[str, dict[str, Any]] | None = None) -> Lock:
+    """The lock of a resolved stack (and of its Python closure, when it has one); a
+    derived part's output (``derived``) is part of its key, so of the digest."""
     parts = []
     digest_parts = []
     for rp in resolved.parts:
         spec = rp.build_spec()
-        key = sha256_json({"spec": spec, "inputs": rp.inputs})
+        made = (derived or {}).get(rp.name, {})
+        key = sha256_json({"spec": spec, "inputs": rp.inputs,
+                           **({"derived": made} if made else {})})
         m = rp.manifest
         parts.append(LockedPart(
             name=m.part.name, version=m.part.version, kind=m.part.kind, manifest=m.rel,
             manifest_sha256=m.sha256, inputs=rp.inputs, key=key,
             spec=m.part.model_dump(mode="json"), verified=(verified or {}).get(m.part.name, {}),
+            derived=made,
         ))
         digest_parts.append({"name": m.part.name, "key": key})
     body = {
@@ -196,8 +204,9 @@ def render_lock(lock: Lock) -> str:
     """Canonical text of a lock file."""
     doc = lock.model_dump(mode="json")
     for part in doc["parts"]:
-        if not part["verified"]:
-            del part["verified"]
+        for empty in ("verified", "derived"):
+            if not part[empty]:
+                del part[empty]
     return json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 

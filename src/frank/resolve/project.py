@@ -95,12 +95,21 @@ def lock_resolved(resolved: Resolved, path: Path, root: Path, closure: ClosureMo
 
     own = lock_path(path)
     previous = _previous_lock(own)
-    verified = verify_fetched(resolved, previous, lambda: [
-        lock for other in stack_files(root, ".lock") if other.resolve() != own.resolve()
-        if (lock := _previous_lock(other)) is not None], known)
+
+    def siblings() -> list[Lock]:
+        return [lock for other in stack_files(root, ".lock") if other.resolve() != own.resolve()
+                if (lock := _previous_lock(other)) is not None]
+
+    verified = verify_fetched(resolved, previous, siblings, known)
+    derived = None
+    if any(rp.manifest.part.kind == "derived" for rp in resolved.parts):
+        from frank.resolve.derive import derive_outputs  # only a stack that has one pays
+
+        derived = derive_outputs(resolved, previous, siblings, closure)
     request = pyclosure.request_for(resolved)
     if request is None:
-        return Locked(resolved=resolved, lock=build_lock(resolved, verified=verified),
+        return Locked(resolved=resolved, lock=build_lock(resolved, verified=verified,
+                                                         derived=derived),
                       lock_file=lock_path(path))
     real = pyclosure.pylock_path(path)
     pylock = closure_out or real
@@ -125,7 +134,7 @@ def lock_resolved(resolved: Resolved, path: Path, root: Path, closure: ClosureMo
     info = {"file": named.relative_to(root).as_posix() if named.is_relative_to(root)
             else str(named), "request": request.digest(),
             "sha256": pyclosure.file_digest(pylock) if pylock.is_file() else "missing"}
-    return Locked(resolved=resolved, lock=build_lock(resolved, info, verified),
+    return Locked(resolved=resolved, lock=build_lock(resolved, info, verified, derived),
                   lock_file=lock_path(path),
                   closure_file=pylock, closure_stale=stale, closure_resolved=resolved_now)
 

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
     from frank.model.kinds.binary import Binary
     from frank.model.kinds.data import Data
+    from frank.model.kinds.derived import Derived
     from frank.model.kinds.engine import EngineBase
     from frank.model.kinds.env import EnvSwitch
     from frank.model.kinds.kernel import Kernel
@@ -26,8 +27,8 @@ if TYPE_CHECKING:
     from frank.model.kinds.weights import Weights
 
     AnyPart = Annotated[
-        EngineBase | Patch | Package | Binary | Kernel | Plugin | Data | Weights | EnvSwitch
-        | Step, "discriminated by kind"]
+        EngineBase | Patch | Package | Binary | Kernel | Plugin | Data | Derived | Weights
+        | EnvSwitch | Step, "discriminated by kind"]
 
 # kind -> (module, class), in the order errors list the kinds
 _KINDS: dict[str, tuple[str, str]] = {
@@ -38,6 +39,7 @@ _KINDS: dict[str, tuple[str, str]] = {
     "kernel": ("frank.model.kinds.kernel", "Kernel"),
     "plugin": ("frank.model.kinds.plugin", "Plugin"),
     "data": ("frank.model.kinds.data", "Data"),
+    "derived": ("frank.model.kinds.derived", "Derived"),
     "weights": ("frank.model.kinds.weights", "Weights"),
     "env": ("frank.model.kinds.env", "EnvSwitch"),
     "step": ("frank.model.kinds.step", "Step"),
