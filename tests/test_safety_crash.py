@@ -405,7 +405,8 @@ def _spec(base: Any, tmp_path: Path) -> Any:
                      source_date_epoch=0)
 
 
-@pytest.mark.parametrize("edit", ["copy another key's entry", "point the entry elsewhere"])
+@pytest.mark.parametrize("edit", ["copy another key's entry", "point the entry elsewhere",
+                                  "point the entry elsewhere and forge its layer-keys record"])
 @pytest.mark.parametrize("verify", ["", "full"])
 def test_layer_index_pointing_at_another_blob_is_a_miss(mini: Any, tmp_path: Path, edit: str,
                                                         verify: str,
@@ -427,6 +428,8 @@ def test_layer_index_pointing_at_another_blob_is_a_miss(mini: Any, tmp_path: Pat
         other = json.loads(kb.read_bytes())["record"]
         doc["record"] = other
         ka.write_text(json.dumps(doc))
+        if "forge" in edit:  # the blob's own record of the keys it was made for, too
+            store._key_record(other["digest"], doc["key"]).write_text(doc["key"])
     assert build_image(spec, BlobStore(tmp_path / "cache"), tmp_path / "out2",
                        quiet=True) == good
     assert len({x.digest for x in read_layout(tmp_path / "out2").layers}) == 3
