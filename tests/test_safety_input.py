@@ -433,3 +433,43 @@ def test_inspect_of_a_missing_path_asks_no_registry(repo: Path, tmp_path: Path) 
 ])
 def test_usage_errors_are_one_line(repo: Path, args: tuple[str, ...], needle: str) -> None:
     one_line_error(refused_without_writing(repo, *args), needle)
+
+
+# --- issue 44: nesting no reader copes with, a stack linked in from another repo ---------------
+
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize("args", [("check",), ("lock", "stacks/deep.toml"),
+                                  ("compose", "stacks/deep.toml", "--builder", "none"),
+                                  ("lock", "--check", "stacks/deep.toml"),
+                                  ("diff", "stacks/deep.toml", "served")])
+def test_a_stack_nested_100000_deep_is_one_line(repo: Path, args: tuple[str, ...]) -> None:
+    (repo / "stacks/deep.toml").write_text(f'extends = "served.toml"\nx = {DEEP}\n')
+    one_line_error(refused_without_writing(repo, *args), "stacks/deep.toml", "nested")
+
+
+@pytest.mark.parametrize("args", [("lock", "--check", "served"), ("diff", "stacks/served.lock",
+                                                                 "candidate"),
+                                  ("compose", "served", "--locked", "--builder", "none")])
+def test_a_lock_nested_100000_deep_is_one_line(repo: Path, args: tuple[str, ...]) -> None:
+    lock = repo / "stacks/served.lock"
+    text = lock.read_text()
+    lock.write_text(text[:text.rindex("}")] + f',"x":{DEEP}}}\n')
+    result = refused_without_writing(repo, *args)
+    assert result.code in (1, 2) and len(result.err.strip().splitlines()) == 1, result
+    assert "Traceback" not in result.err and "RecursionError" not in result.err
+
+
+def test_a_stack_linked_from_another_repo_is_refused(repo: Path, tmp_path: Path) -> None:
+    """A stack file that is a link into another repository would make compose write that
+    repository's lock and out/: refused, as an ``extends`` outside the repo is."""
+    from tests.spine_helpers import copy_repo
+
+    other = copy_repo(tmp_path / "other")
+    (repo / "stacks/linked.toml").symlink_to(other / "stacks/smoke-cpu.toml")
+    before = snapshot(other)
+    for args in (("lock", "stacks/linked.toml"), ("lock", "linked"),
+                 ("compose", "stacks/linked.toml", "--builder", "none"), ("check",)):
+        one_line_error(refused_without_writing(repo, *args), "linked.toml", "outside the repo")
+    assert snapshot(other) == before and not (other / "out").exists()

@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from frank.errors import FrankError
+from frank.model.tomlio import NESTED_TOO_DEEP
 
 # command name -> "module:attribute"; each module holds one click command.
 COMMANDS: dict[str, str] = {
@@ -106,6 +107,11 @@ class LazyGroup(click.Group):
         except FrankError as exc:
             click.echo(f"frank: error: {exc.one_line()}", err=True)
             ctx.exit(exc.exit_code)
+        except RecursionError:  # a file nested deeper than a reader along the way copes with
+            if os.environ.get("FRANK_DEBUG"):
+                raise
+            click.echo(f"frank: error: {NESTED_TOO_DEEP}", err=True)
+            ctx.exit(2)
         except BrokenPipeError:  # `frank diff a b | head`: the reader has all it wanted
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())  # so exiting does not flush into the pipe

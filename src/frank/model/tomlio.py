@@ -10,6 +10,8 @@ from pydantic import ValidationError
 
 from frank.errors import FrankError
 
+NESTED_TOO_DEEP = "values nested too deeply to read (arrays or tables inside each other)"
+
 
 def read_text(path: Path, missing: str = "file not found") -> str:
     """A text file's content; a missing, unreadable or non-UTF-8 file is one line naming it."""
@@ -31,6 +33,8 @@ def read_toml(path: Path) -> dict[str, Any]:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise FrankError(f"TOML syntax error: {exc}", file=path) from None
+    except RecursionError:
+        raise FrankError(NESTED_TOO_DEEP, file=path) from None
 
 
 def validation_to_error(exc: ValidationError, file: Path, tag: str | None = None) -> FrankError:

@@ -19,7 +19,7 @@ from frank.errors import FrankError
 from frank.fsutil import write_atomic
 from frank.hashing import sha256_json
 from frank.model.kinds.base import FlagValue, Strict
-from frank.model.tomlio import read_text, validation_to_error
+from frank.model.tomlio import NESTED_TOO_DEEP, read_text, validation_to_error
 from frank.resolve.resolver import Resolved
 
 LOCK_VERSION = 1
@@ -228,6 +228,8 @@ def read_lock(path: Path) -> Lock:
         raw = json.loads(text, parse_constant=_no_constant)
     except ValueError as exc:  # JSONDecodeError, or NaN/Infinity
         raise FrankError(f"not valid JSON: {exc}", file=path) from None
+    except RecursionError:
+        raise FrankError(NESTED_TOO_DEEP, file=path) from None
     try:
         return Lock.model_validate(raw)
     except ValidationError as exc:

@@ -39,11 +39,21 @@ def stack_path(arg: str, root: Path) -> Path:
     if direct.suffix == ".toml" or "/" in arg:
         if not direct.is_file():
             raise FrankError("stack file not found", file=arg)
-        return direct.resolve()
+        return _inside(direct, find_repo_root(direct.absolute().parent))
     named = root / "stacks" / f"{arg}.toml"
     if not named.is_file():
         raise FrankError(f"no stack named {arg!r} (looked for stacks/{arg}.toml)")
-    return named
+    return _inside(named, root)
+
+
+def _inside(given: Path, root: Path) -> Path:
+    """The stack file, resolved, when it is inside the repo it was named in: a link to
+    another repository's stack would make compose write that repository's lock and out/."""
+    path = given.resolve()
+    if not path.is_relative_to(root.resolve()):
+        raise FrankError(f"links to {path}, outside the repo; a stack must be inside the repo "
+                         "it is locked and composed in", file=given)
+    return path
 
 
 def repo_root_for(path: Path | None = None) -> Path:

@@ -50,7 +50,9 @@ def build_from_lock(lock: DebsLock, roots: dict[str, str], store: BlobStore, lay
     console = Console(stderr=True, quiet=quiet)
     from frank.build.debs.rootfs import write_root
 
-    fetcher = Fetcher(store, mirrors)
+    # every .deb re-hashed, not trusted by its stat stamp: a base is made rarely, and a
+    # corrupt one would fail deep in the unpacking (or worse, not fail); moved aside, fetched
+    fetcher = Fetcher(BlobStore(store.root, full_verify=True), mirrors)
     with console.status(f"fetching {len(lock.packages)} pinned .debs"):
         paths = fetcher.fetch_all(pinned_debs(lock, roots))
     with console.status("unpacking them into the base layer"), store.writer() as w:
