@@ -267,3 +267,29 @@ def test_launcher_fetch_only_checks_the_weights(tmp_path: Path, capsys: object) 
     assert launch.main(["--lock", str(lock), "--fetch-only"]) == 0
     (folder / "config.json").write_text("{ }")
     assert launch.main(["--lock", str(lock), "--fetch-only"]) == 2
+
+
+def test_dollar_parens_reach_the_pod_as_the_lock_says(repo: Path) -> None:
+    """Issue 44 item 9: the kubelet expands ``$(VAR)`` in command, args and env values (and
+    makes ``$$`` one ``$``): every ``$`` is written doubled, so the pod runs the lock."""
+    (repo / "stacks/dollar.toml").write_text(
+        'extends = "served.toml"\ncommand = ["sh", "-c", "echo $(id) $$"]\n'
+        '[env]\nFRANK_T = "$(HOME)/a$$b"\n')
+    lock = lock_digest(repo, "dollar")
+    pushed(repo, "dollar", lock, repository="reg.example/frank/dollar")
+    res = frank("render", "k8s", "dollar", cwd=repo)
+    assert res.code == 0, res.err
+    deployment = by_kind([d for d in yaml.safe_load_all(res.out) if d])["Deployment"]
+    engine = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert engine["command"] == ["sh", "-c", "echo $$(id) $$$$"]
+    env = {e["name"]: e["value"] for e in engine["env"]}
+    assert env["FRANK_T"] == "$$(HOME)/a$$$$b"
+
+
+def test_a_stack_name_no_service_may_have_is_one_line(repo: Path) -> None:
+    (repo / "stacks/1served.toml").write_text('extends = "served.toml"\n')
+    lock = lock_digest(repo, "1served")
+    pushed(repo, "1served", lock, repository="reg.example/frank/one")
+    res = frank("render", "k8s", "1served", cwd=repo)
+    assert res.code == 2 and len(res.err.strip().splitlines()) == 1, res.err
+    assert "cannot name Kubernetes objects" in res.err

@@ -478,3 +478,32 @@ def test_a_tampered_base_record_is_made_again(debs_cache: Path, mini: Any, tmp_p
     assert layer_blobs(again.layout)[0].read_bytes() == \
         layer_blobs(debs_cache / "bases" / good.layout.name)[0].read_bytes()
     assert any((cache / "quarantine").glob("base-*"))  # what was found, kept for a look
+
+
+@pytest.mark.slow
+def test_a_corrupt_deb_with_a_forged_stamp_is_fetched_again(debs_cache: Path,
+                                                              tmp_path: Path) -> None:
+    """A .deb in the store edited and its stat stamp rewritten to match: the base made from
+    it re-hashes every .deb, moves the bad one aside and fetches it again (it was an
+    LZMAError, exit 1, or a base with other bytes)."""
+    from frank.store.blobs import BlobStore
+    from tests.spine_helpers import REPO
+
+    cache = tmp_path / "copied-cache"
+    shutil.copytree(debs_cache, cache, symlinks=True)
+    good = _debs_base(cache)
+    packages = json.loads((REPO / "images/test-base.debs.lock").read_text())["packages"]
+    biggest = max(packages, key=lambda p: p["size"])
+    store = BlobStore(cache)
+    digest = f"sha256:{biggest['sha256']}"
+    path = store.path(digest)
+    data = bytearray(path.read_bytes())
+    for at in range(len(data) // 3, len(data) // 3 + 4096):
+        data[at] ^= 0x5A
+    path.write_bytes(bytes(data))
+    store._write_stamp(digest, store._stat_key(path))
+    for made in (cache / "bases").iterdir():
+        shutil.rmtree(made) if made.is_dir() else made.unlink()
+    again = _debs_base(cache)
+    assert again.digest == good.digest
+    assert hashlib.sha256(store.path(digest).read_bytes()).hexdigest() == biggest["sha256"]
