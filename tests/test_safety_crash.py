@@ -244,6 +244,10 @@ def test_leftover_temp_files_are_ignored_and_removed(repo: Path) -> None:
     for p in leftovers:
         p.write_text("garbage = [")
     (repo / "parts/rs8/.1.toml.txn-0123.tmp").write_text("x")
+    folder = stacks / ".served.frank-tmp-revert-k2j3"  # a killed revert's closure copy
+    folder.mkdir()
+    (folder / "pylock.served.toml").write_text("x")
+    leftovers.append(folder)
     result = frank("lock", "--check", cwd=repo)
     assert "garbage" not in result.err and "revert" not in result.err, result.err
     assert not [p for p in leftovers if p.exists()]
