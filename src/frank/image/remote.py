@@ -116,7 +116,17 @@ def push_layout(layout: Path, repository: str,
             got = dfile.read_text().strip()
             if got != digest:
                 raise FrankError(f"registry stored {got} for {dest}, expected {digest}")
+            read_back(dest, digest)
     return PushResult(repository=repository, digest=digest, tags=list(tags))
+
+
+def read_back(ref: str, digest: str) -> None:
+    """What the registry now answers for ``ref`` must be the manifest pushed: skopeo's
+    "success" says what it sent, not what a registry (or its retry) kept."""
+    raw = _inspect_raw(ref)
+    if sha256_bytes(raw) != digest:
+        raise FrankError(f"the registry answers {sha256_bytes(raw)} for {ref}, not the "
+                         f"{digest} pushed")
 
 
 def _image_only(layout: Path, digest: str, tmp: Path) -> Path:
