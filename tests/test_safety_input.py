@@ -473,3 +473,25 @@ def test_a_stack_linked_from_another_repo_is_refused(repo: Path, tmp_path: Path)
                  ("compose", "stacks/linked.toml", "--builder", "none"), ("check",)):
         one_line_error(refused_without_writing(repo, *args), "linked.toml", "outside the repo")
     assert snapshot(other) == before and not (other / "out").exists()
+
+
+def test_a_hand_edited_wheel_hash_in_a_pylock_is_stale(repo: Path) -> None:
+    """The pylock's ``[tool.frank] request`` cannot show an edited hash; the lock's record
+    of the pylock's bytes for that request does: `lock --check` says stale (it said up to
+    date, and `frank lock` kept the edit; only the fetch refused it)."""
+    pylock = repo / "stacks/pylock.served-cpu.toml"
+    text = pylock.read_text()
+    digest = re.search(r'sha256 = "([0-9a-f]{64})"', text)
+    assert digest is not None
+    edited = ("1" if digest.group(1)[0] == "0" else "0") + digest.group(1)[1:]
+    assert frank("lock", "--check", "stacks/served-cpu.toml", cwd=repo).code == 0
+    pylock.write_text(text.replace(digest.group(1), edited, 1))
+    result = frank("lock", "--check", "stacks/served-cpu.toml", cwd=repo)
+    assert result.code != 0 and "stale" in result.out + result.err, result
+
+
+@pytest.mark.parametrize("value", ["nan", "-5", "inf", "0"])
+def test_a_deadline_that_never_comes_is_refused(repo: Path, value: str) -> None:
+    for args in (("run", "smoke-cpu", "--print", f"--wait-ready={value}"),
+                 ("serve", "smoke-cpu", f"--ready-timeout={value}")):
+        one_line_error(frank(*args, cwd=repo), "positive, finite number of seconds")

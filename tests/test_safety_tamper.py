@@ -507,3 +507,25 @@ def test_a_corrupt_deb_with_a_forged_stamp_is_fetched_again(debs_cache: Path,
     again = _debs_base(cache)
     assert again.digest == good.digest
     assert hashlib.sha256(store.path(digest).read_bytes()).hexdigest() == biggest["sha256"]
+
+
+@pytest.mark.slow
+def test_verify_of_a_layout_with_an_edited_layer_fails_with_exit_1(smoke: dict[str, Path],
+                                                                    tmp_path: Path) -> None:
+    """A failed verification is exit 1, as the README says (an edited layer gave exit 2,
+    the code of bad input)."""
+    repo, cache = smoke["repo"], smoke["cache"]
+    ok(frank("keygen", "--out", str(tmp_path / "signer.key"), cwd=repo, cache=cache))
+    ok(frank("attest", "stacks/smoke-cpu.toml", "--key", str(tmp_path / "signer.key"),
+             cwd=repo, cache=cache))
+    copy = tmp_path / "image"
+    shutil.copytree(repo / "out/smoke-cpu/image", copy)
+    key = str(tmp_path / "signer.pub")
+    ok(frank("verify", str(copy), "--key", key, cwd=repo, cache=cache))
+    blob = layer_blobs(copy)[-1]
+    data = bytearray(blob.read_bytes())
+    data[700] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    failed = frank("verify", str(copy), "--key", key, cwd=repo, cache=cache)
+    assert failed.returncode == 1, failed
+    assert len(failed.stderr.strip().splitlines()) == 1 and "changed" in failed.stderr

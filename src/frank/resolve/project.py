@@ -93,6 +93,18 @@ def _recorded_current(previous: Lock | None, request: str, pylock: Path, root: P
             and pylock.is_file() and recorded.get("sha256") == file_digest(pylock))
 
 
+def _edited_since(previous: Lock | None, request: str, pylock: Path) -> bool:
+    """Whether the pylock is not the file the stack's lock recorded for this same request:
+    frank writes a pylock only by resolving, so other bytes for the same request are an
+    edit by hand (a wheel's hash, say), which its ``[tool.frank] request`` cannot show."""
+    from frank.resolve.closure import file_digest
+
+    recorded = previous.python_closure if previous is not None else None
+    return (recorded is not None and recorded.get("request") == request
+            and recorded.get("sha256") not in (None, "missing") and pylock.is_file()
+            and recorded.get("sha256") != file_digest(pylock))
+
+
 def lock_resolved(resolved: Resolved, path: Path, root: Path, closure: ClosureMode = "use",
                   closure_out: Path | None = None,
                   known: list[dict[str, Any]] | None = None) -> Locked:
@@ -116,7 +128,8 @@ def lock_resolved(resolved: Resolved, path: Path, root: Path, closure: ClosureMo
     pylock = closure_out or real
     fresh = closure != "upgrade" and (
         (closure_out is None and _recorded_current(previous, request.digest(), pylock, root))
-        or pyclosure.current(request, pylock))
+        or (not _edited_since(previous, request.digest(), pylock)
+            and pyclosure.current(request, pylock)))
     stale = resolved_now = False
     if not fresh:
         if closure == "resolve" and pyclosure.copy_sibling(request, pylock):
