@@ -529,3 +529,41 @@ def test_verify_of_a_layout_with_an_edited_layer_fails_with_exit_1(smoke: dict[s
     failed = frank("verify", str(copy), "--key", key, cwd=repo, cache=cache)
     assert failed.returncode == 1, failed
     assert len(failed.stderr.strip().splitlines()) == 1 and "changed" in failed.stderr
+
+
+# --- item 13: what a run killed by SIGKILL leaves ---------------------------------------------
+
+@pytest.mark.slow
+@needs_buildah
+def test_the_next_run_removes_containers_of_killed_runs(smoke: dict[str, Path]) -> None:
+    """A container of frank's naming left mounted by a run that died (nobody holds its run
+    lock, no process names it) is removed by the next run, mount and all; one whose run
+    holds its lock is left alone."""
+    import fcntl
+
+    def run(*extra: str) -> subprocess.CompletedProcess[str]:
+        return frank("run", "stacks/smoke-cpu.toml", "--engine", "buildah", "--hub-cache",
+                     str(smoke["hub"]), *extra, "--", "--help", cwd=smoke["repo"],
+                     cache=smoke["cache"])
+
+    ok(run())  # the image is in buildah's storage, its view in /tmp
+    plan = json.loads(ok(run("--print", "--json")).stdout)
+    base = plan["engine_args"]
+    dead, alive = "frank-run-dead00000044", "frank-run-a11e00000044"
+    for name in (dead, alive):
+        ok(subprocess.run([*base, "from", "--quiet", "--pull=false", "--name", name,
+                           f"oci:{plan['link']}"], capture_output=True, text=True))
+    mount = ok(subprocess.run([*base, "mount", dead], capture_output=True,
+                              text=True)).stdout.strip()
+    assert mount in Path("/proc/mounts").read_text()
+    runroot = Path(base[base.index("--runroot") + 1])
+    (runroot / "frank-runs").mkdir(exist_ok=True)
+    with (runroot / "frank-runs" / f"{alive}.lock").open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # as a live run holds its own
+        done = ok(run())
+    assert f"removed {dead}" in done.stderr and alive not in done.stderr
+    left = subprocess.run([*base, "containers", "--all", "--format", "{{.ContainerName}}"],
+                          capture_output=True, text=True).stdout.split()
+    assert dead not in left and alive in left
+    assert mount not in Path("/proc/mounts").read_text()
+    subprocess.run([*base, "rm", alive], capture_output=True)

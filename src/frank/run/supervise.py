@@ -32,6 +32,7 @@ from frank.image.oci import image_view
 from frank.run import launch
 from frank.run.container import RunPlan
 from frank.run.enginecopy import differences, image_tree, tree_of_dir
+from frank.run.reap import claimed, reap
 
 STOP_GRACE_S = 20.0
 # What buildah itself says when the container exits non-zero: not the container's words.
@@ -139,6 +140,7 @@ class Runner:
         self.image_name: str | None = None
         self.cleaning = False
         self.pumps: list[threading.Thread] = []
+        self._claim: contextlib.AbstractContextManager[None] | None = None
 
     def _signal(self, signum: int, _frame: FrameType | None) -> None:
         if self.proc is None and not self.cleaning:
@@ -198,6 +200,12 @@ class Runner:
             _port_free(self.plan.url)
         if self.plan.link:  # per image digest: a second run of the same image may share it
             image_view(Path(self.plan.layout), self.plan.image, Path(self.plan.link))
+        if self.plan.engine in ("buildah", "podman"):
+            for name in reap(self.plan.engine_args):  # what runs killed by SIGKILL left
+                print(f"frank: removed {name}, the container of a run that was killed",
+                      file=sys.stderr, flush=True)
+            self._claim = claimed(self.plan.engine_args, self.plan.container)
+            self._claim.__enter__()
         for cmd in self.plan.prepare:
             _quiet(cmd, f"{Path(cmd[0]).name}, preparing the container")
         self._remember_image()
@@ -302,6 +310,9 @@ class Runner:
     def _clean(self) -> None:
         for cmd in self.plan.cleanup:
             subprocess.run(cmd, capture_output=True, check=False)
+        if self._claim is not None:
+            self._claim.__exit__(None, None, None)
+            self._claim = None
         # buildah keeps the imported image, named by its digest, for the next run (the
         # layout is verified before every run; the storage is the engine's, like its cache)
         if self.image_name and self.plan.engine != "buildah":
