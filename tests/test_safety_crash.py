@@ -457,3 +457,53 @@ def test_a_corrupt_blob_with_a_matching_stamp_never_goes_out(mini: Any, tmp_path
     with pytest.raises(FrankError, match="does not match its digest"):
         build_image(spec, fresh_store, tmp_path / "out2", quiet=True)
     assert not (tmp_path / "out2").exists()
+
+
+# -- issue 44 item 14: frank gc, alone with the store -------------------------------------------
+
+def test_gc_frees_only_the_unreferenced_and_never_under_a_compose(
+        repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`frank gc` keeps what the locks and out/ reference and removes an old stray blob,
+    saying how much it freed; it waits for (or refuses beside) a command holding the store,
+    and composes running beside it lose nothing. (This process never opens the store: its
+    own shared hold would keep gc out.)"""
+    import fcntl
+    import hashlib
+    import time
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("FRANK_CACHE", str(cache))
+    assert frank("compose", "stacks/smoke-cpu.toml", cwd=repo).code == 0
+    data = b"a blob nothing references\n" * 1000
+    stray = cache / "blobs/sha256" / hashlib.sha256(data).hexdigest()
+    stray.write_bytes(data)
+    month_ago = time.time() - 30 * 86400
+    os.utime(stray, (month_ago, month_ago))
+    with (cache / "users.lock").open("r") as held:
+        fcntl.flock(held, fcntl.LOCK_SH)  # as a compose in progress holds it
+        busy = frank("gc", "--keep-days", "0", "--wait", "1", cwd=repo)
+    assert busy.code == 2 and "in use" in busy.err and len(busy.err.splitlines()) == 1
+    assert stray.exists()
+    done = frank("gc", "--keep-days", "1", "--json", cwd=repo)
+    assert done.code == 0, done.err
+    report = json.loads(done.out)
+    assert report["removed"]["blobs"] == 1 and report["freed"] >= len(data)
+    assert not stray.exists()
+    layout = repo / "out/smoke-cpu/image"
+    assert all((cache / "blobs/sha256" / p.name).is_file()
+               for p in (layout / "blobs/sha256").iterdir())
+    for _ in range(2):  # gc (keeping nothing by age) and composes at once
+        procs = [subprocess.Popen([sys.executable, "-m", "frank", *args], cwd=repo,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                 for args in (("compose", "stacks/smoke-cpu.toml", "--locked"),
+                              ("gc", "--keep-days", "0", "--wait", "120"),
+                              ("compose", "stacks/smoke-cpu.toml", "--out",
+                               str(tmp_path / "other")))]
+        for proc in procs:
+            _, err = proc.communicate(timeout=300)
+            assert proc.returncode == 0, err.decode()
+    from frank.image.verify import verify_layout
+
+    assert verify_layout(layout).digest == verify_layout(tmp_path / "other/image").digest
+    again = frank("compose", "stacks/smoke-cpu.toml", "--locked", cwd=repo)
+    assert again.code == 0 and "0 layers built" in again.err + again.out, again.err

@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "compose": "frank.cli.compose:compose",
     "debs": "frank.cli.debs:debs",
     "diff": "frank.cli.diff:diff",
+    "gc": "frank.cli.gc:gc",
     "inspect": "frank.cli.inspect:inspect_cmd",
     "keygen": "frank.cli.keygen:keygen",
     "lock": "frank.cli.lock:lock",
@@ -51,6 +52,7 @@ SUMMARIES: dict[str, str] = {
                "image.",
     "debs": "Bases made from Debian packages pinned by version and sha256.",
     "diff": "Show what differs between A and B (stack names, stack paths or .lock files).",
+    "gc": "Remove cached blobs, bases, step outputs and clones nothing here references.",
     "inspect": "Show the image at IMAGE (an OCI layout directory or "
                "HOST/REPO[:TAG|@DIGEST]).",
     "keygen": "Write a new signing key pair: OUT (private) and OUT with .pub (public).",
