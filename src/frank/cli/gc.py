@@ -32,8 +32,10 @@ def gc(keep_days: float, wait: float, dry_run: bool, as_json: bool) -> None:
                    dry_run=dry_run, wait=wait)
     if as_json:
         emit_json({"freed": done.freed, "removed": done.removed, "kept_blobs": done.kept_blobs,
-                   "dry_run": dry_run})
+                   "containers_removed": done.reaped, "dry_run": dry_run})
         return
     verb = "would free" if dry_run else "freed"
     what = ", ".join(f"{n} {k}" for k, n in sorted(done.removed.items())) or "nothing"
     click.echo(f"{verb} {done.freed / 1e6:.1f} MB ({what}); {done.kept_blobs} blobs kept")
+    for name in done.reaped:
+        click.echo(f"removed {name}, the container of a run that was killed")

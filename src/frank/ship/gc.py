@@ -42,6 +42,7 @@ class Collected:
     freed: int = 0
     removed: dict[str, int] = field(default_factory=dict)
     kept_blobs: int = 0
+    reaped: list[str] = field(default_factory=list)  # containers of runs that were killed
 
     def note(self, what: str, size: int) -> None:
         self.freed += size
@@ -118,6 +119,23 @@ def current_bases(root: Path) -> set[str]:
     return keys
 
 
+def reap_all(store_root: Path, *, dry_run: bool = False) -> list[str]:
+    """Remove the working containers killed runs left in each engine storage of the cache
+    (``run.reap``), mounts included (``dry_run``: only name them)."""
+    from frank.build.engines import _runroot
+    from frank.run.reap import reap, stale
+
+    gone = []
+    for root in sorted((store_root / "containers").glob("*")):
+        name, _, driver = root.name.partition("-")
+        exe = shutil.which(name)
+        if name in ("buildah", "podman") and exe is not None and root.is_dir():
+            args = [exe, "--root", str(root), "--runroot", str(_runroot(root)),
+                    "--storage-driver", driver or "vfs"]
+            gone += stale(args) if dry_run else reap(args)
+    return gone
+
+
 @contextlib.contextmanager
 def exclusive(store_root: Path, wait: float) -> Iterator[None]:
     """The store to ourselves: ``users.lock`` exclusive, waiting up to ``wait`` seconds."""
@@ -150,6 +168,7 @@ def collect(store_root: Path, root: Path, *, keep_days: float, dry_run: bool = F
             _remove(path)
 
     with exclusive(store_root, wait):
+        done.reaped = reap_all(store_root, dry_run=dry_run)
         blob_dir = store_root / "blobs" / "sha256"
         keep = _follow(blob_dir, referenced(root))
         gone: set[str] = set()
