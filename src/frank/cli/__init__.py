@@ -15,8 +15,7 @@ from typing import Any
 
 import click
 
-from frank.errors import FrankError
-from frank.model.tomlio import NESTED_TOO_DEEP
+from frank.errors import NESTED_TOO_DEEP, FrankError
 
 # command name -> "module:attribute"; each module holds one click command.
 COMMANDS: dict[str, str] = {

@@ -8,9 +8,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from frank.errors import FrankError
-
-NESTED_TOO_DEEP = "values nested too deeply to read (arrays or tables inside each other)"
+from frank.errors import NESTED_TOO_DEEP, FrankError
 
 
 def read_text(path: Path, missing: str = "file not found") -> str:

@@ -15,11 +15,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from frank.errors import FrankError
+from frank.errors import NESTED_TOO_DEEP, FrankError
 from frank.fsutil import write_atomic
 from frank.hashing import sha256_json
 from frank.model.kinds.base import FlagValue, Strict
-from frank.model.tomlio import NESTED_TOO_DEEP, read_text, validation_to_error
+from frank.model.tomlio import read_text, validation_to_error
 from frank.resolve.resolver import Resolved
 
 LOCK_VERSION = 1
