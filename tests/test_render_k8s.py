@@ -13,7 +13,7 @@ import yaml
 
 from frank.ship.render.crd import lws_errors
 from tests.k8s_helpers import docs, fake_layout, kubernetes_validate, lock_digest, pushed
-from tests.spine_helpers import frank, snapshot
+from tests.spine_helpers import Result, frank, snapshot
 
 REVISION = "982b70452f399814f56b46272fd30394ae10d58c"  # exl3-pack's pinned hub revision
 
@@ -52,21 +52,13 @@ def test_render_refuses_an_image_not_built_or_not_pushed(repo: Path, tmp_path: P
 
 def test_push_records_what_the_registry_holds(repo: Path, tmp_path: Path) -> None:
     """`frank push` writes out/pushes.jsonl; skopeo is a stand-in here that writes the
-    layout's digest as the registry's (no registry is run by this test)."""
+    layout's digest as the registry's and answers its manifest when read back (no registry
+    is run by this test)."""
     lock = lock_digest(repo, "served")
     layout = fake_layout(repo, "served", lock)
     manifest = json.loads((layout / "index.json").read_text())["manifests"][0]["digest"]
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    fake = bin_dir / "skopeo"
-    fake.write_text("#!/bin/sh\nwhile [ $# -gt 0 ]; do\n  if [ \"$1\" = --digestfile ]; then "
-                    f"echo {manifest} > \"$2\"; fi\n  shift\ndone\n")
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    os.environ["PATH"] = f"{bin_dir}:{os.environ['PATH']}"
-    try:
-        res = frank("push", "served", "--to", "reg.example/frank/served", cwd=repo)
-    finally:
-        os.environ["PATH"] = os.environ["PATH"].split(":", 1)[1]
+    bin_dir = _fake_skopeo(tmp_path, manifest, layout / "blobs/sha256" / manifest[7:])
+    res = _push_with(bin_dir, repo, "reg.example/frank/served")
     assert res.code == 0, res.err
     rec = json.loads((repo / "out" / "pushes.jsonl").read_text().splitlines()[-1])
     assert rec["lock_digest"] == lock and rec["digest"] == manifest
@@ -267,3 +259,81 @@ def test_launcher_fetch_only_checks_the_weights(tmp_path: Path, capsys: object) 
     assert launch.main(["--lock", str(lock), "--fetch-only"]) == 0
     (folder / "config.json").write_text("{ }")
     assert launch.main(["--lock", str(lock), "--fetch-only"]) == 2
+
+
+def test_dollar_parens_reach_the_pod_as_the_lock_says(repo: Path) -> None:
+    """Issue 44 item 9: the kubelet expands ``$(VAR)`` in command, args and env values (and
+    makes ``$$`` one ``$``): every ``$`` is written doubled, so the pod runs the lock."""
+    (repo / "stacks/dollar.toml").write_text(
+        'extends = "served.toml"\ncommand = ["sh", "-c", "echo $(id) $$"]\n'
+        '[env]\nFRANK_T = "$(HOME)/a$$b"\n')
+    lock = lock_digest(repo, "dollar")
+    pushed(repo, "dollar", lock, repository="reg.example/frank/dollar")
+    res = frank("render", "k8s", "dollar", cwd=repo)
+    assert res.code == 0, res.err
+    deployment = by_kind([d for d in yaml.safe_load_all(res.out) if d])["Deployment"]
+    engine = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert engine["command"] == ["sh", "-c", "echo $$(id) $$$$"]
+    env = {e["name"]: e["value"] for e in engine["env"]}
+    assert env["FRANK_T"] == "$$(HOME)/a$$$$b"
+
+
+def test_a_stack_name_no_service_may_have_is_one_line(repo: Path) -> None:
+    (repo / "stacks/1served.toml").write_text('extends = "served.toml"\n')
+    lock = lock_digest(repo, "1served")
+    pushed(repo, "1served", lock, repository="reg.example/frank/one")
+    res = frank("render", "k8s", "1served", cwd=repo)
+    assert res.code == 2 and len(res.err.strip().splitlines()) == 1, res.err
+    assert "cannot name Kubernetes objects" in res.err
+
+
+def _fake_skopeo(tmp_path: Path, manifest: str, answer: Path) -> Path:
+    """A stand-in skopeo: `copy` writes ``manifest`` as the registry's digest, `inspect
+    --raw` answers ``answer``'s bytes (what the registry says it holds)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "skopeo"
+    fake.write_text(f"#!/bin/sh\nif [ \"$1\" = inspect ]; then cat {answer}; exit 0; fi\n"
+                    "while [ $# -gt 0 ]; do\n  if [ \"$1\" = --digestfile ]; then "
+                    f"echo {manifest} > \"$2\"; fi\n  shift\ndone\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    return bin_dir
+
+
+def _push_with(bin_dir: Path, repo: Path, to: str) -> Result:
+    os.environ["PATH"] = f"{bin_dir}:{os.environ['PATH']}"
+    try:
+        return frank("push", "served", "--to", to, cwd=repo)
+    finally:
+        os.environ["PATH"] = os.environ["PATH"].split(":", 1)[1]
+
+
+def test_push_reads_back_what_it_pushed_before_recording(repo: Path, tmp_path: Path) -> None:
+    """Issue 44 item 11: skopeo said the copy succeeded, the registry answers another
+    manifest for the tag: refused in one line, and nothing recorded in out/pushes.jsonl."""
+    layout = fake_layout(repo, "served", lock_digest(repo, "served"))
+    manifest = json.loads((layout / "index.json").read_text())["manifests"][0]["digest"]
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text('{"schemaVersion": 2}')
+    res = _push_with(_fake_skopeo(tmp_path, manifest, wrong), repo, "reg.example/frank/served")
+    assert res.code == 2 and len(res.err.strip().splitlines()) == 1, res.err
+    assert "the registry answers" in res.err and manifest in res.err
+    assert not (repo / "out" / "pushes.jsonl").exists()
+
+
+def test_push_records_only_after_the_attestations_are_pushed(repo: Path,
+                                                               tmp_path: Path) -> None:
+    """A registry that takes the image and is gone before the attestations: no record (a
+    recorded push is one `frank verify` finds whole)."""
+    from frank.ship.attest import PREDICATE_SBOM
+    from frank.ship.attest.layout import artifact, attach, image_descriptor
+    from tests.image.image_helpers import free_port
+
+    layout = fake_layout(repo, "served", lock_digest(repo, "served"))
+    image = image_descriptor(layout)
+    attach(layout, [artifact(image, PREDICATE_SBOM, b'{"payload": ""}', "2026-01-01T00:00:00Z")])
+    blob = layout / "blobs/sha256" / image["digest"].split(":")[1]
+    bin_dir = _fake_skopeo(tmp_path, image["digest"], blob)
+    res = _push_with(bin_dir, repo, f"127.0.0.1:{free_port()}/frank/served")  # nobody there
+    assert res.code != 0 and "Traceback" not in res.err, res.err
+    assert not (repo / "out" / "pushes.jsonl").exists()

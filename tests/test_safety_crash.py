@@ -244,6 +244,10 @@ def test_leftover_temp_files_are_ignored_and_removed(repo: Path) -> None:
     for p in leftovers:
         p.write_text("garbage = [")
     (repo / "parts/rs8/.1.toml.txn-0123.tmp").write_text("x")
+    folder = stacks / ".served.frank-tmp-revert-k2j3"  # a killed revert's closure copy
+    folder.mkdir()
+    (folder / "pylock.served.toml").write_text("x")
+    leftovers.append(folder)
     result = frank("lock", "--check", cwd=repo)
     assert "garbage" not in result.err and "revert" not in result.err, result.err
     assert not [p for p in leftovers if p.exists()]
@@ -405,7 +409,8 @@ def _spec(base: Any, tmp_path: Path) -> Any:
                      source_date_epoch=0)
 
 
-@pytest.mark.parametrize("edit", ["copy another key's entry", "point the entry elsewhere"])
+@pytest.mark.parametrize("edit", ["copy another key's entry", "point the entry elsewhere",
+                                  "point the entry elsewhere and forge its layer-keys record"])
 @pytest.mark.parametrize("verify", ["", "full"])
 def test_layer_index_pointing_at_another_blob_is_a_miss(mini: Any, tmp_path: Path, edit: str,
                                                         verify: str,
@@ -427,6 +432,8 @@ def test_layer_index_pointing_at_another_blob_is_a_miss(mini: Any, tmp_path: Pat
         other = json.loads(kb.read_bytes())["record"]
         doc["record"] = other
         ka.write_text(json.dumps(doc))
+        if "forge" in edit:  # the blob's own record of the keys it was made for, too
+            store._key_record(other["digest"], doc["key"]).write_text(doc["key"])
     assert build_image(spec, BlobStore(tmp_path / "cache"), tmp_path / "out2",
                        quiet=True) == good
     assert len({x.digest for x in read_layout(tmp_path / "out2").layers}) == 3
@@ -450,3 +457,53 @@ def test_a_corrupt_blob_with_a_matching_stamp_never_goes_out(mini: Any, tmp_path
     with pytest.raises(FrankError, match="does not match its digest"):
         build_image(spec, fresh_store, tmp_path / "out2", quiet=True)
     assert not (tmp_path / "out2").exists()
+
+
+# -- issue 44 item 14: frank gc, alone with the store -------------------------------------------
+
+def test_gc_frees_only_the_unreferenced_and_never_under_a_compose(
+        repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`frank gc` keeps what the locks and out/ reference and removes an old stray blob,
+    saying how much it freed; it waits for (or refuses beside) a command holding the store,
+    and composes running beside it lose nothing. (This process never opens the store: its
+    own shared hold would keep gc out.)"""
+    import fcntl
+    import hashlib
+    import time
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("FRANK_CACHE", str(cache))
+    assert frank("compose", "stacks/smoke-cpu.toml", cwd=repo).code == 0
+    data = b"a blob nothing references\n" * 1000
+    stray = cache / "blobs/sha256" / hashlib.sha256(data).hexdigest()
+    stray.write_bytes(data)
+    month_ago = time.time() - 30 * 86400
+    os.utime(stray, (month_ago, month_ago))
+    with (cache / "users.lock").open("r") as held:
+        fcntl.flock(held, fcntl.LOCK_SH)  # as a compose in progress holds it
+        busy = frank("gc", "--keep-days", "0", "--wait", "1", cwd=repo)
+    assert busy.code == 2 and "in use" in busy.err and len(busy.err.splitlines()) == 1
+    assert stray.exists()
+    done = frank("gc", "--keep-days", "1", "--json", cwd=repo)
+    assert done.code == 0, done.err
+    report = json.loads(done.out)
+    assert report["removed"]["blobs"] == 1 and report["freed"] >= len(data)
+    assert not stray.exists()
+    layout = repo / "out/smoke-cpu/image"
+    assert all((cache / "blobs/sha256" / p.name).is_file()
+               for p in (layout / "blobs/sha256").iterdir())
+    for _ in range(2):  # gc (keeping nothing by age) and composes at once
+        procs = [subprocess.Popen([sys.executable, "-m", "frank", *args], cwd=repo,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                 for args in (("compose", "stacks/smoke-cpu.toml", "--locked"),
+                              ("gc", "--keep-days", "0", "--wait", "120"),
+                              ("compose", "stacks/smoke-cpu.toml", "--out",
+                               str(tmp_path / "other")))]
+        for proc in procs:
+            _, err = proc.communicate(timeout=300)
+            assert proc.returncode == 0, err.decode()
+    from frank.image.verify import verify_layout
+
+    assert verify_layout(layout).digest == verify_layout(tmp_path / "other/image").digest
+    again = frank("compose", "stacks/smoke-cpu.toml", "--locked", cwd=repo)
+    assert again.code == 0 and "0 layers built" in again.err + again.out, again.err

@@ -433,3 +433,68 @@ def test_inspect_of_a_missing_path_asks_no_registry(repo: Path, tmp_path: Path) 
 ])
 def test_usage_errors_are_one_line(repo: Path, args: tuple[str, ...], needle: str) -> None:
     one_line_error(refused_without_writing(repo, *args), needle)
+
+
+# --- issue 44: nesting no reader copes with, a stack linked in from another repo ---------------
+
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+@pytest.mark.parametrize("args", [("check",), ("lock", "stacks/deep.toml"),
+                                  ("compose", "stacks/deep.toml", "--builder", "none"),
+                                  ("lock", "--check", "stacks/deep.toml"),
+                                  ("diff", "stacks/deep.toml", "served")])
+def test_a_stack_nested_100000_deep_is_one_line(repo: Path, args: tuple[str, ...]) -> None:
+    (repo / "stacks/deep.toml").write_text(f'extends = "served.toml"\nx = {DEEP}\n')
+    one_line_error(refused_without_writing(repo, *args), "stacks/deep.toml", "nested")
+
+
+@pytest.mark.parametrize("args", [("lock", "--check", "served"), ("diff", "stacks/served.lock",
+                                                                 "candidate"),
+                                  ("compose", "served", "--locked", "--builder", "none")])
+def test_a_lock_nested_100000_deep_is_one_line(repo: Path, args: tuple[str, ...]) -> None:
+    lock = repo / "stacks/served.lock"
+    text = lock.read_text()
+    lock.write_text(text[:text.rindex("}")] + f',"x":{DEEP}}}\n')
+    result = refused_without_writing(repo, *args)
+    assert result.code in (1, 2) and len(result.err.strip().splitlines()) == 1, result
+    assert "Traceback" not in result.err and "RecursionError" not in result.err
+
+
+def test_a_stack_linked_from_another_repo_is_refused(repo: Path, tmp_path: Path) -> None:
+    """A stack file that is a link into another repository would make compose write that
+    repository's lock and out/: refused, as an ``extends`` outside the repo is."""
+    from tests.spine_helpers import copy_repo
+
+    other = copy_repo(tmp_path / "other")
+    (repo / "stacks/linked.toml").symlink_to(other / "stacks/smoke-cpu.toml")
+    before = snapshot(other)
+    for args in (("lock", "stacks/linked.toml"), ("lock", "linked"),
+                 ("compose", "stacks/linked.toml", "--builder", "none"), ("check",)):
+        one_line_error(refused_without_writing(repo, *args), "linked.toml", "outside the repo")
+    assert snapshot(other) == before and not (other / "out").exists()
+
+
+def test_a_hand_edited_wheel_hash_in_a_pylock_is_stale(repo: Path) -> None:
+    """The pylock's ``[tool.frank] request`` cannot show an edited hash; the lock's record
+    of the pylock's bytes for that request does: `frank lock` resolves it again (it kept
+    the edit, and `lock --check` then said up to date; only the fetch refused it)."""
+    pylock = repo / "stacks/pylock.served-cpu.toml"
+    text = pylock.read_text()
+    digest = re.search(r'sha256 = "([0-9a-f]{64})"', text)
+    assert digest is not None
+    edited = ("1" if digest.group(1)[0] == "0" else "0") + digest.group(1)[1:]
+    lock = (repo / "stacks/served-cpu.lock").read_bytes()
+    pylock.write_text(text.replace(digest.group(1), edited, 1))
+    relocked = frank("lock", "stacks/served-cpu.toml", cwd=repo)
+    assert relocked.code == 0, relocked.err
+    assert edited not in pylock.read_text()  # resolved again, not kept
+    assert (repo / "stacks/served-cpu.lock").read_bytes() == lock
+    assert frank("lock", "--check", "stacks/served-cpu.toml", cwd=repo).code == 0
+
+
+@pytest.mark.parametrize("value", ["nan", "-5", "inf", "0"])
+def test_a_deadline_that_never_comes_is_refused(repo: Path, value: str) -> None:
+    for args in (("run", "smoke-cpu", "--print", f"--wait-ready={value}"),
+                 ("serve", "smoke-cpu", f"--ready-timeout={value}")):
+        one_line_error(frank(*args, cwd=repo), "positive, finite number of seconds")

@@ -51,3 +51,7 @@ def as_real_file(exc: FrankError, temp: Path | str, real: Path | str) -> FrankEr
                      field=exc.field)
     out.exit_code = exc.exit_code
     return out
+
+
+# A value nested deeper than a parser along the way copes with (a RecursionError), one line.
+NESTED_TOO_DEEP = "values nested too deeply to read (arrays or tables inside each other)"

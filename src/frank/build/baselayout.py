@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from frank.errors import FrankError
 from frank.fsutil import write_atomic
-from frank.store.blobs import BlobStore
+from frank.store.blobs import DIGEST_RE, BlobStore
 
 
 # Left out of the test base: caches and docs a container never needs (as Debian's slim images).
@@ -99,23 +99,61 @@ def layout_from_layer(store: BlobStore, out: Path, layer: str, size: int, *, epo
     return digest
 
 
-def cached_base(store: BlobStore, key: str, name: str,
-                make: Callable[[Path], str]) -> BaseImage:
+def cached_base(store: BlobStore, key: str, name: str, make: Callable[[Path], str],
+                check: Callable[[Path], bool] | None = None) -> BaseImage:
     """The base recorded under ``<cache>/bases/<key>.json``, else ``make(layout)``'s, recorded.
 
-    One maker per key at a time (parallel test workers would otherwise build it twice).
+    The layout is always ``bases/<key>`` (the record names it relative to the cache, so a
+    copied cache reads its own), and it is used only when its manifest is the recorded
+    digest, every blob hashes to its name and ``check`` (what the layer must hold for this
+    key) agrees; anything else is moved aside and made again. One maker per key at a time
+    (parallel test workers would otherwise build it twice).
     """
-    from frank.image.oci import layout_manifests
-
     bases = store.root / "bases"
     record = bases / f"{key}.json"
     layout = bases / key
     with _lock(bases / f"{key}.lock"):
-        if record.is_file():
-            with contextlib.suppress(ValueError, ValidationError, FrankError, KeyError, OSError):
-                base = BaseImage.model_validate_json(record.read_text())
-                if layout_manifests(base.layout)[0]["digest"] == base.digest:
-                    return base
+        if record.is_file() or layout.exists():
+            digest = _recorded_digest(record)
+            if digest is not None and _layout_holds(layout, digest) and \
+                    (check is None or check(layout)):
+                return BaseImage(name=name, layout=layout, digest=digest)
+            _move_aside(store, [layout, record], key)
         base = BaseImage(name=name, layout=layout, digest=make(layout))
-        write_atomic(record, base.model_dump_json())
+        write_atomic(record, BaseImage(name=name, layout=Path(key),
+                                       digest=base.digest).model_dump_json())
         return base
+
+
+def _recorded_digest(record: Path) -> str | None:
+    try:
+        digest = BaseImage.model_validate_json(record.read_text()).digest
+    except (ValueError, ValidationError, OSError):
+        return None
+    return digest if DIGEST_RE.match(digest) else None
+
+
+def _layout_holds(layout: Path, digest: str) -> bool:
+    """Whether ``layout``'s first manifest is ``digest`` and its config and every layer
+    hash to their names (the layout is what the base is made of: a bad blob there is a
+    base to make again, not a compose that fails until someone deletes it)."""
+    from frank.image.oci import layout_manifests, read_layout
+
+    try:
+        return layout_manifests(layout)[0].get("digest") == digest and \
+            read_layout(layout).digest == digest
+    except (FrankError, OSError, ValueError, KeyError, AttributeError):
+        return False
+
+
+def _move_aside(store: BlobStore, paths: list[Path], key: str) -> None:
+    """Keep what was found for a look, out of the way of the base made again."""
+    import os
+    import tempfile
+
+    quarantine = store.root / "quarantine"
+    quarantine.mkdir(parents=True, exist_ok=True)
+    bad = Path(tempfile.mkdtemp(prefix=f"base-{key[:16]}-", dir=quarantine))
+    for path in paths:
+        if path.exists() or path.is_symlink():
+            os.replace(path, bad / path.name)

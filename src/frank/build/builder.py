@@ -78,7 +78,7 @@ def build_oci(plan: BuildPlan, root: Path, out: Path, *, log: Path,
 
     from frank.store.fetch import Fetcher
     from frank.build.base import resolve_base
-    from frank.image.layer import build_layer, index_key
+    from frank.image.layer import build_layer, index_key, indexed
     from frank.image.oci import build_image
     from frank.image.spec import ImageSpec, LayerInput
     from frank.store.blobs import BlobStore
@@ -95,7 +95,7 @@ def build_oci(plan: BuildPlan, root: Path, out: Path, *, log: Path,
     for layer in plan.layers:
         key = sha256_json({"plan_layer": layer.key, "builder": OCI_BUILDER_VERSION})
         spec_layer = LayerInput(name=layer.name, key=key, entries=((store.tmp_dir, "/"),))
-        if store.get_layer(index_key(spec_layer, plan.source_date_epoch)) is None:
+        if indexed(store, index_key(spec_layer, plan.source_date_epoch)) is None:
             missing.append((layer, spec_layer))
         else:
             reused += 1

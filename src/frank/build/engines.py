@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Literal
 
 from frank.errors import FrankError
-from frank.image.oci import normalize_layout, resolve_manifest
+from frank.image.oci import image_view, layout_manifests, normalize_layout, resolve_manifest
 from frank.image.remote import skopeo
 from frank.store.blobs import BlobStore, check_digest
 
@@ -206,22 +206,22 @@ def run_logged(args: list[str], what: str, *, log: Path, timeout: float | None =
 
 
 @contextlib.contextmanager
-def _oci_ref(layout: Path) -> Iterator[str]:
-    """An ``oci:`` reference to ``layout`` through a symlink with a tame name.
+def _oci_ref(layout: Path, digest: str | None = None) -> Iterator[str]:
+    """An ``oci:`` reference to image ``digest`` (the first listed without it) of ``layout``,
+    through a view (``image_view``) in a folder with a tame name.
 
     Engines name an image pulled from ``oci:PATH`` after PATH, and reject paths that are not
-    valid image names (``~/.cache``, upper case); the symlink avoids both.
+    valid image names (``~/.cache``, upper case); and they refuse a layout listing more than
+    one manifest (attestations sit beside the image): the view avoids all three.
     """
     # /tmp itself: compose points TMPDIR beside its output, a path engines may not take
     d = Path("/tmp") / f"frank-oci-{uuid.uuid4().hex}"
     d.mkdir()
     try:
-        (d / "image").symlink_to(Path(layout).absolute())
-        yield f"oci:{d / 'image'}"
+        digest = digest or layout_manifests(layout)[0]["digest"]
+        yield f"oci:{image_view(Path(layout), str(digest), d / 'image')}"
     finally:
         shutil.rmtree(d, ignore_errors=True)
-
-
 
 
 def load_base(engine: Engine, layout: Path, digest: str) -> str:
@@ -233,11 +233,11 @@ def load_base(engine: Engine, layout: Path, digest: str) -> str:
     name = f"localhost/frank-base-{digest.split(':')[1][:16]}"
     if engine.name == "docker":
         # the daemon keeps no digest for a loaded image; the tag is derived from the digest
-        with _oci_ref(layout) as ref:
+        with _oci_ref(layout, digest) as ref:
             _run([skopeo(_DAEMON), "copy", "--quiet", ref, f"docker-daemon:{name}:latest"],
                  "loading the base into docker")
         return f"{name}:latest"
-    with _oci_ref(layout) as ref:
+    with _oci_ref(layout, digest) as ref:
         proc = _run([*engine.base_args(), "pull", "--quiet", ref],
                     f"{engine.name} pull of the base image")
     image_id = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""

@@ -9,13 +9,19 @@ history), and the output paths are read from the layers up to it (whiteouts hono
 engine that squashes the final stage puts later steps in that layer too, which only the
 outputs' own paths are taken from). A
 later build stages them on the host and copies them in instead of running the stage.
-Kept under ``<store>/step-outputs/<key>/``, written whole (temp + rename).
+Kept under ``<store>/step-outputs/<key>/``, written whole (temp + rename), with the tree's
+exact digest (every path, type, mode, link text and file hash) in ``done.json``: a kept tree
+is checked against it before it is used, and one that differs (a file edited, added or
+removed, a link swapped) is moved aside, so the stage runs again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import shutil
+import stat
 import tarfile
 import tempfile
 from pathlib import Path, PurePosixPath
@@ -32,9 +38,56 @@ def marker(layer: PlanLayer) -> str:
 
 
 def cached(store_root: Path, layer: PlanLayer) -> Path | None:
-    """The kept outputs of this stage's key (a tree rooted at /), if there are any."""
+    """The kept outputs of this stage's key (a tree rooted at /), if there are any and they
+    are still the tree that was kept; a changed one is moved aside (None: run the stage)."""
     folder = store_root / "step-outputs" / layer.key
-    return folder / "tree" if (folder / "done.json").is_file() else None
+    try:
+        done = json.loads((folder / "done.json").read_bytes())
+        recorded = done.get("tree") if isinstance(done, dict) else None
+    except (OSError, ValueError):
+        recorded = None
+    if recorded is None and not folder.exists():
+        return None
+    if recorded is not None and done.get("key") == layer.key and \
+            (folder / "tree").is_dir() and tree_digest(folder / "tree") == recorded:
+        return folder / "tree"
+    _move_aside(store_root, folder)
+    return None
+
+
+def _move_aside(store_root: Path, folder: Path) -> None:
+    bad = store_root / "quarantine" / "step-outputs"
+    bad.mkdir(parents=True, exist_ok=True)
+    try:
+        os.replace(folder, tempfile.mkdtemp(prefix=f"{folder.name[:16]}-", dir=bad))
+    except OSError:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def tree_digest(root: Path) -> str:
+    """An exact digest of a tree: each entry's path, type, permission bits, and its bytes'
+    hash (a file) or target text (a link), in sorted order; mtimes and owners left out."""
+    h = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted([*dirnames, *filenames]):
+            path = Path(dirpath, name)
+            st = path.lstat()
+            rel = path.relative_to(root).as_posix()
+            if stat.S_ISLNK(st.st_mode):
+                what = "l " + os.readlink(path)
+            elif stat.S_ISDIR(st.st_mode):
+                what = "d"
+            elif stat.S_ISREG(st.st_mode):
+                fh = hashlib.sha256()
+                with path.open("rb") as f:
+                    while chunk := f.read(1 << 20):
+                        fh.update(chunk)
+                what = "f " + fh.hexdigest()
+            else:
+                what = f"o {stat.S_IFMT(st.st_mode)}"
+            h.update(f"{rel}\0{stat.S_IMODE(st.st_mode):o}\0{what}\n".encode())
+    return "sha256:" + h.hexdigest()
 
 
 def _image_path(name: str) -> PurePosixPath:
@@ -78,7 +131,8 @@ def save(store_root: Path, layer: PlanLayer, layout: Path) -> bool:
         if not all((tree / str(o).lstrip("/")).exists() for o in outputs):
             return False
         (tmp / "done.json").write_text(json.dumps({"layer": layer.name, "key": layer.key,
-                                                   "outputs": layer.stage.outputs}) + "\n")
+                                                   "outputs": layer.stage.outputs,
+                                                   "tree": tree_digest(tree)}) + "\n")
         try:
             tmp.rename(final)
         except OSError:  # another build kept the same key meanwhile: the same outputs

@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from frank.errors import FrankError
+from frank.errors import NESTED_TOO_DEEP, FrankError
 
 # command name -> "module:attribute"; each module holds one click command.
 COMMANDS: dict[str, str] = {
@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "compose": "frank.cli.compose:compose",
     "debs": "frank.cli.debs:debs",
     "diff": "frank.cli.diff:diff",
+    "gc": "frank.cli.gc:gc",
     "inspect": "frank.cli.inspect:inspect_cmd",
     "keygen": "frank.cli.keygen:keygen",
     "lock": "frank.cli.lock:lock",
@@ -50,6 +51,7 @@ SUMMARIES: dict[str, str] = {
                "image.",
     "debs": "Bases made from Debian packages pinned by version and sha256.",
     "diff": "Show what differs between A and B (stack names, stack paths or .lock files).",
+    "gc": "Remove cached blobs, bases, step outputs and clones nothing here references.",
     "inspect": "Show the image at IMAGE (an OCI layout directory or "
                "HOST/REPO[:TAG|@DIGEST]).",
     "keygen": "Write a new signing key pair: OUT (private) and OUT with .pub (public).",
@@ -106,6 +108,11 @@ class LazyGroup(click.Group):
         except FrankError as exc:
             click.echo(f"frank: error: {exc.one_line()}", err=True)
             ctx.exit(exc.exit_code)
+        except RecursionError:  # a file nested deeper than a reader along the way copes with
+            if os.environ.get("FRANK_DEBUG"):
+                raise
+            click.echo(f"frank: error: {NESTED_TOO_DEEP}", err=True)
+            ctx.exit(2)
         except BrokenPipeError:  # `frank diff a b | head`: the reader has all it wanted
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())  # so exiting does not flush into the pipe

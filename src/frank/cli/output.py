@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import click
@@ -42,3 +43,23 @@ def print_table(title: str | None, columns: list[str], rows: list[list[str]]) ->
         if n == 0:
             out.append("─┼─".join("─" * w for w in widths))
     click.echo("\n".join(out))
+
+
+class Seconds(click.ParamType[float]):
+    """A positive, finite number of seconds (``float`` alone takes ``nan``, ``inf``, ``-5``:
+    a deadline that never comes or has always passed)."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> float:
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not math.isfinite(seconds) or seconds <= 0:
+            self.fail(f"{value!r} is not a positive, finite number of seconds", param, ctx)
+        return seconds
+
+
+SECONDS = Seconds()

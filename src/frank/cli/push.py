@@ -46,11 +46,6 @@ def push(stack: str, to: str, layout: Path | None, tags: tuple[str, ...],
     result = push_layout(layout, to, all_tags)
     info = read_layout(layout, verify_layers=False)
     lock_digest = info.annotations.get(LOCK_DIGEST_KEY) or info.labels.get(LOCK_DIGEST_KEY)
-    if lock_digest:  # what `frank render k8s` deploys: the registry's digest of this lock
-        record_push(root, PushRecord(stack=tag_for_stack(stack), lock_digest=lock_digest,
-                                     repository=result.repository, digest=result.digest,
-                                     tags=result.tags,
-                                     time=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")))
     click.echo(result.reference)
     for t in result.tags:
         click.echo(f"{result.repository}:{t}")
@@ -64,3 +59,9 @@ def push(stack: str, to: str, layout: Path | None, tags: tuple[str, ...],
         if cosign:
             tag = push_cosign_tag(result.repository, result.digest, referrers)
             click.echo(f"{result.repository}:{tag} (cosign's attestation tag)")
+    if lock_digest:  # recorded once every part is pushed and read back: what `frank render
+        # k8s` deploys (the registry's digest of this lock) and `frank verify` checks
+        record_push(root, PushRecord(stack=tag_for_stack(stack), lock_digest=lock_digest,
+                                     repository=result.repository, digest=result.digest,
+                                     tags=result.tags,
+                                     time=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")))

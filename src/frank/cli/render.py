@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from frank.cli.output import SECONDS
+
 
 @click.group()
 def render() -> None:
@@ -26,7 +28,7 @@ def render() -> None:
               help="Use this existing claim for the weights instead of rendering one.")
 @click.option("--offline-weights", is_flag=True,
               help="The claim already holds the weights: the init step only checks sha256.")
-@click.option("--ready-timeout", type=float, default=1800.0, show_default=True,
+@click.option("--ready-timeout", type=SECONDS, default=1800.0, show_default=True,
               help="Seconds the startup probe allows the engine to answer /health.")
 def k8s(stack: str, out_dir: Path | None, registry: str | None, namespace: str | None,
         weights_size: str, storage_class: str | None, weights_claim: str | None,

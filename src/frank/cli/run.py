@@ -19,7 +19,7 @@ from typing import cast
 import click
 
 from frank.build.engines import Engine, EngineName
-from frank.cli.output import json_option
+from frank.cli.output import SECONDS, json_option
 from frank.errors import FrankError
 
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -80,7 +80,7 @@ def _engine(name: str, print_only: bool) -> Engine:
               help="A folder holding the weights' files, mounted instead of a hub cache.")
 @click.option("--env", "env_pairs", multiple=True, metavar="KEY=VALUE",
               help="Extra environment for the container (the lock's env still wins).")
-@click.option("--wait-ready", type=float, default=600.0, show_default=True,
+@click.option("--wait-ready", type=SECONDS, default=600.0, show_default=True,
               help="Seconds to wait for /health to answer 200.")
 @click.option("--print", "print_only", is_flag=True,
               help="Show the exact container commands; run nothing.")

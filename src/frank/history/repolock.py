@@ -11,6 +11,7 @@ them, so every one found is stale.
 from __future__ import annotations
 
 import contextlib
+import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +35,10 @@ def clean_stale(root: Path) -> list[Path]:
     candidates = [p for p in stacks.iterdir() if _stale(p.name)] if stacks.is_dir() else []
     candidates += [p for p in (root / "parts").glob("*/.*") if STAGED_MARK in p.name]
     for path in candidates:
+        if path.is_dir() and not path.is_symlink():  # a revert's closure folder
+            shutil.rmtree(path, ignore_errors=True)
+            gone.append(path)
+            continue
         with contextlib.suppress(FileNotFoundError, IsADirectoryError):
             path.unlink()
             gone.append(path)

@@ -165,12 +165,22 @@ def collect(
     return [found[k] for k in sorted(found)]
 
 
-def write_tar(members: list[Entry], epoch: int, out: IO[bytes]) -> None:
-    """Write ``members`` as a PAX tar with every varying field fixed."""
+# A PAX record on a layer's first member naming the index key the layer was made for: a
+# record of the layer index is believed only when the blob it names says it was made for
+# that key. (A per-member record, not a global header: umoci refuses those.)
+KEY_HEADER = "FRANK.layer.key"
+
+
+def write_tar(members: list[Entry], epoch: int, out: IO[bytes], *,
+              key: str | None = None) -> None:
+    """Write ``members`` as a PAX tar with every varying field fixed (``key``: the layer
+    index key, a PAX record of the first member)."""
     with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT,
                       encoding="utf-8") as tar:
-        for e in members:
+        for i, e in enumerate(members):
             info = tarfile.TarInfo(e.arcname + ("/" if e.kind == "dir" else ""))
+            if key and i == 0:
+                info.pax_headers = {KEY_HEADER: key}
             info.mtime = epoch
             info.uid, info.gid = e.uid, e.gid
             info.uname = info.gname = ""
@@ -194,6 +204,7 @@ def index_key(layer: LayerInput, epoch: int) -> str:
     """The layer-index key: the lock's content key plus everything else that shapes the tar."""
     doc = {
         "format": LAYER_FORMAT,
+        "record": 2,  # the blob names its key (KEY_HEADER)
         "key": layer.key,
         "epoch": epoch,
         "dests": sorted(dest for _, dest in layer.entries),
@@ -208,7 +219,7 @@ def build_layer(store: BlobStore, layer: LayerInput, epoch: int) -> tuple[LayerR
     key is trusted to cover the files' content: the files are not re-read on a hit.
     """
     key = index_key(layer, epoch)
-    rec = store.get_layer(key)
+    rec = indexed(store, key)
     if rec is not None:
         store.stats.layer_hits += 1
         return rec, False
@@ -216,10 +227,28 @@ def build_layer(store: BlobStore, layer: LayerInput, epoch: int) -> tuple[LayerR
     members = collect(layer.entries)
     try:
         with store.writer() as w:
-            write_tar(members, epoch, w)  # type: ignore[arg-type]
+            write_tar(members, epoch, w, key=key)  # type: ignore[arg-type]
     except OSError as exc:  # a source vanished, shrank or is unreadable mid-tar
         raise FrankError(f"layer {layer.name}: cannot read its files: {exc.strerror or exc}",
                          file=exc.filename) from None
     rec = LayerRecord(digest=w.digest, diff_id=w.digest, size=w.size, media_type=LAYER_MEDIA_TYPE)
     store.put_layer(key, rec)
     return rec, True
+
+
+def indexed(store: BlobStore, key: str) -> LayerRecord | None:
+    """The layer index's record for ``key`` when the blob it names was made for ``key`` (its
+    first header says so); a record pointing at any other blob is dropped: a miss."""
+    rec = store.get_layer(key)
+    if rec is None:
+        return None
+    try:
+        with tarfile.open(store.path(rec.digest), mode="r|") as tar:
+            first = tar.next()
+            named = first.pax_headers.get(KEY_HEADER) if first is not None else None
+    except (OSError, tarfile.TarError):
+        named = None
+    if named != key:
+        store.drop_layer(key)
+        return None
+    return rec

@@ -361,8 +361,9 @@ def write_layout(store: BlobStore, out: Path, index_raw: bytes, blobs: list[str]
     both). Every blob copied out is hashed in full, whatever ``FRANK_VERIFY`` says: a stamp
     trusts a blob whose stat is unchanged, and what goes out must be the bytes named. If the
     output already holds exactly this layout, untouched since frank wrote it (same stat
-    stamps, see ``BlobStore``), nothing is copied: a no-op rebuild of a multi-gigabyte image
-    costs a few stats. ``out`` may be inside a compose's stage (``frank.image.outdir``): the
+    stamps, see ``BlobStore``) and every blob still hashes to its name, nothing is copied: a
+    no-op rebuild reads the image once and writes nothing (the stamps live in the cache,
+    which is no proof). ``out`` may be inside a compose's stage (``frank.image.outdir``): the
     output it will become is the one checked and recorded, and a current one is left to be
     carried over (nothing is written to the stage then).
     """
@@ -375,7 +376,8 @@ def write_layout(store: BlobStore, out: Path, index_raw: bytes, blobs: list[str]
     record = _output_record_path(store, final)
     with record.with_suffix(".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two builds into one output take turns
-        if not _output_is_current(final, index_raw, wanted, record):
+        if not (_output_is_current(final, index_raw, wanted, record)
+                and _blobs_match(final, wanted)):
             _write_layout_locked(store, out, index_raw, sources, record, epoch, final)
         elif final != out:
             shutil.rmtree(out, ignore_errors=True)  # the output in place is carried over
@@ -389,6 +391,12 @@ def _copy_verified(store: BlobStore, digest: str, src: Path, dest: Path) -> None
         store._quarantine(src)
         raise FrankError(f"cached blob does not match its digest {digest} (content is "
                          f"{actual}); it was moved aside, rebuild to re-create it", file=src)
+
+
+def _blobs_match(layout: Path, blobs: list[str]) -> bool:
+    """Whether every blob of the output in place hashes to its name: its record in the
+    cache says it is untouched, but a record can be edited as easily as a blob."""
+    return all(sha256_file(layout_blob_path(layout, d)) == d for d in blobs)
 
 
 def _reusable(final: Path, record: Path) -> dict[str, Path]:
@@ -425,7 +433,10 @@ def _write_layout_locked(store: BlobStore, out: Path, index_raw: bytes,
         for digest, src in sources.items():
             dest = bdir / digest.split(":", 1)[1]
             try:
-                os.link(reuse[digest], dest)  # the previous output's verified copy
+                os.link(reuse[digest], dest)  # the previous output's copy, hashed again
+                if sha256_file(dest) != digest:
+                    dest.unlink()
+                    raise KeyError(digest)
             except (KeyError, OSError):
                 _copy_verified(store, digest, src, dest)
         (tmp / "oci-layout").write_bytes(canonical_json({"imageLayoutVersion": "1.0.0"}))
@@ -497,6 +508,35 @@ def _swap_into_place(new: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(new, out)
+
+
+def image_view(layout: Path, digest: str, view: Path) -> Path:
+    """A layout at ``view`` listing only manifest ``digest`` of ``layout``, its blobs linked:
+    the image by digest for a reader of ``oci:PATH`` (skopeo, buildah, podman) that wants one
+    image in index.json, where ``frank attest`` lists attestations beside it. Made whole
+    (temp + rename); one already there is kept."""
+    descs = [d for d in layout_manifests(layout) if d.get("digest") == digest][:1]
+    index = canonical_json({"schemaVersion": 2, "manifests": descs,
+                            "mediaType": "application/vnd.oci.image.index.v1+json"})
+    blobs = Path(layout).absolute() / "blobs"
+    with contextlib.suppress(OSError):
+        if (view / "index.json").read_bytes() == index and \
+                os.readlink(view / "blobs") == str(blobs):
+            return view
+    view.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".view-", dir=view.parent))
+    (tmp / "oci-layout").write_bytes(canonical_json({"imageLayoutVersion": "1.0.0"}))
+    (tmp / "index.json").write_bytes(index)
+    (tmp / "blobs").symlink_to(blobs)
+    if view.is_symlink() or view.is_file():
+        view.unlink()
+    elif view.exists():
+        shutil.rmtree(view, ignore_errors=True)
+    try:
+        os.replace(tmp, view)
+    except OSError:  # another run made it meanwhile
+        shutil.rmtree(tmp, ignore_errors=True)
+    return view
 
 
 # --------------------------------------------------------------------------------------------

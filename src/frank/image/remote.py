@@ -29,6 +29,8 @@ from frank.image.oci import (
     _go_arch,
     canonical_json,
     image_info,
+    image_view,
+    layout_manifests,
     read_layout,
     resolve_manifest,
 )
@@ -102,10 +104,10 @@ def push_layout(layout: Path, repository: str,
     for t in tags:
         if not _TAG_RE.match(t):
             raise FrankError(f"not a valid tag: {t!r}", field="tag")
-    digest, raw, _ = resolve_manifest(layout)
+    digest, _, _ = resolve_manifest(layout)
     exe = skopeo()
     with tempfile.TemporaryDirectory(prefix="frank-push-") as tmp:
-        src = f"oci:{_image_only(layout, digest, len(raw), Path(tmp))}"
+        src = f"oci:{_image_only(layout, digest, Path(tmp))}"
         for dest in [f"{repository}@{digest}", *(f"{repository}:{t}" for t in tags)]:
             dfile = Path(tmp) / "digest"
             _run([exe, "copy", "--quiet", "--preserve-digests", "--digestfile", str(dfile),
@@ -114,28 +116,30 @@ def push_layout(layout: Path, repository: str,
             got = dfile.read_text().strip()
             if got != digest:
                 raise FrankError(f"registry stored {got} for {dest}, expected {digest}")
+            read_back(dest, digest)
     return PushResult(repository=repository, digest=digest, tags=list(tags))
 
 
-def _image_only(layout: Path, digest: str, size: int, tmp: Path) -> Path:
+def read_back(ref: str, digest: str) -> None:
+    """What the registry now answers for ``ref`` must be the manifest pushed: skopeo's
+    "success" says what it sent, not what a registry (or its retry) kept."""
+    raw = _inspect_raw(ref)
+    if sha256_bytes(raw) != digest:
+        raise FrankError(f"the registry answers {sha256_bytes(raw)} for {ref}, not the "
+                         f"{digest} pushed")
+
+
+def _image_only(layout: Path, digest: str, tmp: Path) -> Path:
     """The layout itself when index.json lists only the image; else a view of it listing the
-    image alone (the blobs linked, not copied). Attestations sit in index.json beside the
-    image (``frank attest``), and skopeo refuses a layout that lists more than one manifest;
-    they are pushed as referrers after the image."""
+    image alone (``image_view``). Attestations sit in index.json beside the image (``frank
+    attest``), and skopeo refuses a layout that lists more than one manifest; they are
+    pushed as referrers after the image."""
     try:
-        index = json.loads((layout / "index.json").read_bytes())
-    except (OSError, ValueError):
+        if len(layout_manifests(layout)) <= 1:
+            return layout
+    except FrankError:
         return layout
-    if len(index.get("manifests") or []) <= 1:
-        return layout
-    view = tmp / "image-only"
-    view.mkdir()
-    (view / "blobs").symlink_to(layout / "blobs")
-    (view / "oci-layout").write_bytes((layout / "oci-layout").read_bytes())
-    (view / "index.json").write_bytes(canonical_json({
-        "schemaVersion": 2, "mediaType": OCI_INDEX,
-        "manifests": [{"mediaType": OCI_MANIFEST, "digest": digest, "size": size}]}))
-    return view
+    return image_view(layout, digest, tmp / "image-only")
 
 
 def _platform_instance(name: str, digest: str) -> str:

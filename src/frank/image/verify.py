@@ -97,17 +97,22 @@ def verify_layout(layout: Path) -> VerifiedImage:
                          layers)
 
 
+class LayerChanged(FrankError):
+    """A layer blob whose bytes are not the ones its manifest names: the image was changed
+    after it was built (``frank verify`` reports it as a failed verification, exit 1)."""
+
+
 def _check_layer(layer: Layer, size: int) -> None:
     what = f"refusing to run: {layer.label()} blob {layer.digest}"
     if not layer.path.is_file():
         raise FrankError(f"{what} is missing from the layout", file=layer.path)
     if layer.path.stat().st_size != size:
-        raise FrankError(f"{what} has {layer.path.stat().st_size} bytes, the manifest says "
-                         f"{size}: the image was changed after it was built", file=layer.path)
+        raise LayerChanged(f"{what} has {layer.path.stat().st_size} bytes, the manifest says "
+                           f"{size}: the image was changed after it was built", file=layer.path)
     actual = sha256_file(layer.path)
     if actual != layer.digest:
-        raise FrankError(f"{what} hashes to {actual}: the layer was changed after the image "
-                         "was built (compose it again)", file=layer.path)
+        raise LayerChanged(f"{what} hashes to {actual}: the layer was changed after the image "
+                           "was built (compose it again)", file=layer.path)
 
 
 def image_lock(image: VerifiedImage) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from frank.errors import FrankError
+from frank.errors import NESTED_TOO_DEEP, FrankError
 
 
 def read_text(path: Path, missing: str = "file not found") -> str:
@@ -31,6 +31,8 @@ def read_toml(path: Path) -> dict[str, Any]:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise FrankError(f"TOML syntax error: {exc}", file=path) from None
+    except RecursionError:
+        raise FrankError(NESTED_TOO_DEEP, file=path) from None
 
 
 def validation_to_error(exc: ValidationError, file: Path, tag: str | None = None) -> FrankError:

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from frank.errors import FrankError
+from frank.errors import NESTED_TOO_DEEP, FrankError
 from frank.fsutil import write_atomic
 from frank.hashing import sha256_json
 from frank.model.kinds.base import FlagValue, Strict
@@ -237,6 +237,8 @@ def read_lock(path: Path) -> Lock:
         raw = json.loads(text, parse_constant=_no_constant)
     except ValueError as exc:  # JSONDecodeError, or NaN/Infinity
         raise FrankError(f"not valid JSON: {exc}", file=path) from None
+    except RecursionError:
+        raise FrankError(NESTED_TOO_DEEP, file=path) from None
     try:
         return Lock.model_validate(raw)
     except ValidationError as exc:

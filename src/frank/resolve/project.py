@@ -39,11 +39,21 @@ def stack_path(arg: str, root: Path) -> Path:
     if direct.suffix == ".toml" or "/" in arg:
         if not direct.is_file():
             raise FrankError("stack file not found", file=arg)
-        return direct.resolve()
+        return _inside(direct, find_repo_root(direct.absolute().parent))
     named = root / "stacks" / f"{arg}.toml"
     if not named.is_file():
         raise FrankError(f"no stack named {arg!r} (looked for stacks/{arg}.toml)")
-    return named
+    return _inside(named, root)
+
+
+def _inside(given: Path, root: Path) -> Path:
+    """The stack file, resolved, when it is inside the repo it was named in: a link to
+    another repository's stack would make compose write that repository's lock and out/."""
+    path = given.resolve()
+    if not path.is_relative_to(root.resolve()):
+        raise FrankError(f"links to {path}, outside the repo; a stack must be inside the repo "
+                         "it is locked and composed in", file=given)
+    return path
 
 
 def repo_root_for(path: Path | None = None) -> Path:
@@ -83,6 +93,18 @@ def _recorded_current(previous: Lock | None, request: str, pylock: Path, root: P
             and pylock.is_file() and recorded.get("sha256") == file_digest(pylock))
 
 
+def _edited_since(previous: Lock | None, request: str, pylock: Path) -> bool:
+    """Whether the pylock is not the file the stack's lock recorded for this same request:
+    frank writes a pylock only by resolving, so other bytes for the same request are an
+    edit by hand (a wheel's hash, say), which its ``[tool.frank] request`` cannot show."""
+    from frank.resolve.closure import file_digest
+
+    recorded = previous.python_closure if previous is not None else None
+    return (recorded is not None and recorded.get("request") == request
+            and recorded.get("sha256") not in (None, "missing") and pylock.is_file()
+            and recorded.get("sha256") != file_digest(pylock))
+
+
 def lock_resolved(resolved: Resolved, path: Path, root: Path, closure: ClosureMode = "use",
                   closure_out: Path | None = None,
                   known: list[dict[str, Any]] | None = None) -> Locked:
@@ -115,7 +137,8 @@ def lock_resolved(resolved: Resolved, path: Path, root: Path, closure: ClosureMo
     pylock = closure_out or real
     fresh = closure != "upgrade" and (
         (closure_out is None and _recorded_current(previous, request.digest(), pylock, root))
-        or pyclosure.current(request, pylock))
+        or (not _edited_since(previous, request.digest(), pylock)
+            and pyclosure.current(request, pylock)))
     stale = resolved_now = False
     if not fresh:
         if closure == "resolve" and pyclosure.copy_sibling(request, pylock):

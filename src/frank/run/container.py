@@ -29,6 +29,7 @@ from typing import Any
 
 from frank.build.engines import Engine
 from frank.errors import FrankError
+from frank.image.oci import layout_manifests
 from frank.image.verify import VerifiedImage
 from frank.run import launch
 
@@ -95,7 +96,8 @@ class RunPlan:
         ready = f"ready when {self.url} answers 200" if self.serve else "its output and exit code"
         lines = [f"# {self.stack} image {self.image} through {self.engine}; {ready}"]
         if self.link:
-            lines.append(f"ln -s {shlex.quote(self.layout)} {shlex.quote(self.link)}")
+            lines.append(f"# {self.link}: a layout listing only {self.image} of {self.layout} "
+                         "(its blobs linked)")
         lines += [shlex.join(c) for c in [*self.prepare, self.run, *self.cleanup]]
         return "\n".join(lines)
 
@@ -186,8 +188,9 @@ def plan(image: VerifiedImage, lock: dict[str, Any], engine: Engine, *, w: Weigh
         # a name per image digest: buildah keeps the image it imported under it, so the
         # next run of the same (verified) image starts without importing gigabytes again
         link: str | None = f"/tmp/frank-oci-{image.digest.split(':')[1][:24]}/image"
-    else:
-        link = None if _TAME.fullmatch(layout) else f"/tmp/frank-oci-{tag}/image"
+    else:  # a view when the path is no image name or the layout lists more (attestations)
+        link = None if _TAME.fullmatch(layout) and len(layout_manifests(image.layout)) == 1 \
+            else f"/tmp/frank-oci-{tag}/image"
     ref = f"oci:{link or layout}"
     flags = lock.get("flags", {})
     host, port = str(flags.get("host") or "0.0.0.0"), int(flags.get("port", 8000))

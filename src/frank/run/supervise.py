@@ -14,6 +14,7 @@ import collections
 import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -27,8 +28,11 @@ from types import FrameType
 from typing import IO
 
 from frank.errors import FrankError
+from frank.image.oci import image_view
 from frank.run import launch
 from frank.run.container import RunPlan
+from frank.run.enginecopy import differences, image_tree, tree_of_dir
+from frank.run.reap import claimed, reap
 
 STOP_GRACE_S = 20.0
 # What buildah itself says when the container exits non-zero: not the container's words.
@@ -136,6 +140,7 @@ class Runner:
         self.image_name: str | None = None
         self.cleaning = False
         self.pumps: list[threading.Thread] = []
+        self._claim: contextlib.AbstractContextManager[None] | None = None
 
     def _signal(self, signum: int, _frame: FrameType | None) -> None:
         if self.proc is None and not self.cleaning:
@@ -194,16 +199,18 @@ class Runner:
         if self.plan.serve:
             _port_free(self.plan.url)
         if self.plan.link:  # per image digest: a second run of the same image may share it
-            link = Path(self.plan.link)
-            link.parent.mkdir(mode=0o700, exist_ok=True)
-            with contextlib.suppress(FileExistsError):
-                link.symlink_to(self.plan.layout)
-            if link.resolve() != Path(self.plan.layout).resolve():
-                link.unlink()
-                link.symlink_to(self.plan.layout)
+            image_view(Path(self.plan.layout), self.plan.image, Path(self.plan.link))
+        if self.plan.engine in ("buildah", "podman"):
+            for name in reap(self.plan.engine_args):  # what runs killed by SIGKILL left
+                print(f"frank: removed {name}, the container of a run that was killed",
+                      file=sys.stderr, flush=True)
+            self._claim = claimed(self.plan.engine_args, self.plan.container)
+            self._claim.__enter__()
         for cmd in self.plan.prepare:
             _quiet(cmd, f"{Path(cmd[0]).name}, preparing the container")
         self._remember_image()
+        if self.plan.engine == "buildah":
+            self._check_engine_copy()
         self.proc = subprocess.Popen(self.plan.run, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, start_new_session=True)
         assert self.proc.stdout is not None and self.proc.stderr is not None
@@ -264,19 +271,55 @@ class Runner:
                               capture_output=True, text=True, check=False)
         self.image_name = proc.stdout.strip() or None
 
+    def _engine_differences(self) -> list[str]:
+        """Where the working container's root (the engine's stored copy of the image) is
+        not what the image's layers make (see ``frank.image.enginecopy``)."""
+        from frank.image.oci import layout_blob_path, resolve_manifest
+
+        layout = Path(self.plan.layout)
+        _, _, manifest = resolve_manifest(layout, self.plan.image)
+        expected = image_tree(layout_blob_path(layout, d["digest"]) for d in manifest["layers"])
+        base, ctr = self.plan.engine_args, self.plan.container
+        root = _quiet([*base, "mount", ctr], "buildah mount, checking the engine's copy")
+        try:
+            return differences(expected, tree_of_dir(Path(root.strip().splitlines()[-1])))
+        finally:
+            subprocess.run([*base, "umount", ctr], capture_output=True, check=False)
+
+    def _check_engine_copy(self) -> None:
+        """Run only what the layout holds: a stored copy that differs is removed (every
+        image of frank's storage no container uses) and imported again from the layout;
+        one that still differs is refused."""
+        wrong = self._engine_differences()
+        if not wrong:
+            return
+        base = self.plan.engine_args
+        subprocess.run([*base, "rm", self.plan.container], capture_output=True, check=False)
+        subprocess.run([*base, "rmi", "--all"], capture_output=True, check=False)
+        print(f"frank: the engine's stored copy of {self.plan.image} differs from the layout "
+              f"({wrong[0]}); imported it again", file=sys.stderr, flush=True)
+        for cmd in self.plan.prepare:
+            _quiet(cmd, f"{Path(cmd[0]).name}, preparing the container")
+        still = self._engine_differences()
+        if still:
+            raise FrankError(f"refusing to run: the engine's stored copy of the image differs "
+                             f"from the layout ({still[0]}) and a container in its storage "
+                             f"still holds it: remove frank's containers there",
+                             file=base[base.index("--root") + 1] if "--root" in base else None)
+
     def _clean(self) -> None:
         for cmd in self.plan.cleanup:
             subprocess.run(cmd, capture_output=True, check=False)
+        if self._claim is not None:
+            self._claim.__exit__(None, None, None)
+            self._claim = None
         # buildah keeps the imported image, named by its digest, for the next run (the
         # layout is verified before every run; the storage is the engine's, like its cache)
         if self.image_name and self.plan.engine != "buildah":
             subprocess.run([*self.plan.engine_args, "rmi", self.image_name],
                            capture_output=True, check=False)
         if self.plan.link and self.plan.engine != "buildah":
-            link = Path(self.plan.link)
-            link.unlink(missing_ok=True)
-            with contextlib.suppress(OSError):
-                link.parent.rmdir()
+            shutil.rmtree(Path(self.plan.link).parent, ignore_errors=True)
 
 
 def execute(plan: RunPlan, ready_timeout: float) -> int:

@@ -313,6 +313,11 @@ class BlobStore:
             return None
         return rec
 
+    def drop_layer(self, key: str) -> None:
+        """Forget the index entry for ``key`` (its layer is made again)."""
+        with contextlib.suppress(OSError):
+            self._layer_path(key).unlink()
+
     def put_layer(self, key: str, rec: LayerRecord) -> None:
         """Remember that layer ``key`` is blob ``rec.digest`` (on both sides)."""
         self._atomic_write(self._key_record(rec.digest, self._layer_path(key).name),

@@ -23,7 +23,8 @@ from frank.store.flock import held
 
 def _git(args: list[str], *, cwd: Path | None, log: Path, what: str,
          local: bool = False) -> str:
-    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
+    env = {k: v for k, v in os.environ.items() if k not in _GIT_ENV_DROP}
+    env.update({"GIT_TERMINAL_PROMPT": "0", "GIT_NO_REPLACE_OBJECTS": "1"})
     if local:  # a repo inside this one (checked): its local submodules may be read too
         env.update({"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "protocol.file.allow",
                     "GIT_CONFIG_VALUE_0": "always"})
@@ -38,9 +39,39 @@ def _git(args: list[str], *, cwd: Path | None, log: Path, what: str,
     return proc.stdout.strip()
 
 
+_GIT_ENV_DROP = ("GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_OBJECT_DIRECTORY", "GIT_DIR",
+                 "GIT_REPLACE_REF_BASE", "GIT_WORK_TREE", "GIT_INDEX_FILE")
+
+
 def _has_commit(mirror: Path, commit: str) -> bool:
+    env = {k: v for k, v in os.environ.items() if k not in _GIT_ENV_DROP}
+    env["GIT_NO_REPLACE_OBJECTS"] = "1"
     return subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=mirror,
-                          capture_output=True, check=False).returncode == 0
+                          env=env, capture_output=True, check=False).returncode == 0
+
+
+def _foreign_objects(mirror: Path) -> bool:
+    """Whether the cached clone reads objects from elsewhere (frank never writes these)."""
+    info = mirror / "objects" / "info"
+    return any((info / n).exists() for n in ("alternates", "http-alternates")) or \
+        ((mirror / "refs" / "replace").is_dir() and any((mirror / "refs" / "replace").iterdir()))
+
+
+def _move_aside(mirror: Path) -> None:
+    bad = mirror.parent / "quarantine"
+    bad.mkdir(exist_ok=True)
+    os.replace(mirror, Path(tempfile.mkdtemp(prefix=mirror.name + "-", dir=bad)) / "git")
+
+
+def _verified_fetch(mirror: Path, commit: str, src: Path, log: Path) -> None:
+    """Fetch ``commit`` alone (depth 1) from the cached clone into ``src`` through git's
+    pack protocol: the receiving side names every object by hashing it and fscks it, so
+    an object in the cache whose bytes are not its name never reaches the checkout."""
+    _git(["init", "-q", str(src)], cwd=None, log=log, what="git init")
+    _git(["-c", "transfer.fsckObjects=true", "fetch", "-q", "--no-tags", "--depth", "1",
+          "--upload-pack", "git -c uploadpack.allowAnySHA1InWant=true upload-pack",
+          f"file://{mirror}", commit], cwd=src, log=log,
+         what=f"reading commit {commit} from frank's cache")
 
 
 def checkout(repo: str, commit: str, submodules: bool, dest: Path, *, root: Path,
@@ -54,6 +85,8 @@ def checkout(repo: str, commit: str, submodules: bool, dest: Path, *, root: Path
     mirror = cache / "git" / hashlib.sha256(repo.encode()).hexdigest()[:32]
     mirror.parent.mkdir(parents=True, exist_ok=True)
     with held(mirror.with_suffix(".lock")):
+        if (mirror / "HEAD").is_file() and _foreign_objects(mirror):
+            _move_aside(mirror)
         if not (mirror / "HEAD").is_file():
             tmp = Path(tempfile.mkdtemp(prefix=".clone-", dir=mirror.parent))
             _git(["init", "--bare", "-q", str(tmp)], cwd=None, log=log, what="git init")
@@ -67,9 +100,14 @@ def checkout(repo: str, commit: str, submodules: bool, dest: Path, *, root: Path
                      what=f"fetching commit {commit} of {repo}", local=local)
     work = Path(tempfile.mkdtemp(prefix=".checkout-", dir=mirror.parent))
     try:
-        _git(["clone", "-q", "--no-checkout", "--shared", str(mirror), str(work / "src")],
-             cwd=None, log=log, what="git clone from frank's cache")
         src = work / "src"
+        try:
+            _verified_fetch(mirror, commit, src, log)
+        except FrankError:  # the cache's objects are not what they are named: fetch anew
+            with held(mirror.with_suffix(".lock")):
+                _move_aside(mirror)
+            shutil.rmtree(src, ignore_errors=True)
+            return checkout(repo, commit, submodules, dest, root=root, cache=cache, log=log)
         _git(["checkout", "-q", "--detach", commit], cwd=src, log=log,
              what=f"checking out {commit}")
         if _git(["rev-parse", "HEAD"], cwd=src, log=log, what="git rev-parse") != commit:

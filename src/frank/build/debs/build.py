@@ -50,7 +50,9 @@ def build_from_lock(lock: DebsLock, roots: dict[str, str], store: BlobStore, lay
     console = Console(stderr=True, quiet=quiet)
     from frank.build.debs.rootfs import write_root
 
-    fetcher = Fetcher(store, mirrors)
+    # every .deb re-hashed, not trusted by its stat stamp: a base is made rarely, and a
+    # corrupt one would fail deep in the unpacking (or worse, not fail); moved aside, fetched
+    fetcher = Fetcher(BlobStore(store.root, full_verify=True), mirrors)
     with console.status(f"fetching {len(lock.packages)} pinned .debs"):
         paths = fetcher.fetch_all(pinned_debs(lock, roots))
     with console.status("unpacking them into the base layer"), store.writer() as w:
@@ -69,4 +71,35 @@ def debs_base(src: DebsSource, image_file: Path, store: BlobStore, *, name: str,
     """The base of ``images/<name>.toml``'s ``[debs]``: built once per cache from its lock."""
     lock, _ = current_lock(src, image_file)
     return cached_base(store, base_key(lock), name, lambda layout: build_from_lock(
-        lock, archive_roots(src), store, layout, mirrors=mirrors, quiet=quiet))
+        lock, archive_roots(src), store, layout, mirrors=mirrors, quiet=quiet),
+        check=lambda layout: holds_packages(layout, lock))
+
+
+def holds_packages(layout: Path, lock: DebsLock) -> bool:
+    """Whether the base's layer lists exactly the locked packages in dpkg's status: a
+    cached base is checked against what its key stands for, not only its own record."""
+    import tarfile
+
+    from frank.image.oci import layout_blob_path, resolve_manifest
+
+    _, _, manifest = resolve_manifest(layout)
+    want = {(p.name, p.version, p.arch) for p in lock.packages}
+    for desc in manifest["layers"]:
+        with tarfile.open(layout_blob_path(layout, desc["digest"])) as tar:
+            for member in tar:
+                if member.name.removeprefix("./") == "var/lib/dpkg/status" and member.isfile():
+                    handle = tar.extractfile(member)
+                    text = handle.read().decode("utf-8", "replace") if handle else ""
+                    return _status_packages(text) == want
+    return False
+
+
+def _status_packages(text: str) -> set[tuple[str, str, str]]:
+    found = set()
+    for stanza in text.split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in stanza.splitlines()
+                      if ": " in line and not line.startswith(" "))
+        if "Package" in fields:
+            found.add((fields["Package"], fields.get("Version", ""),
+                       fields.get("Architecture", "")))
+    return found

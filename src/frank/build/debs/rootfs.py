@@ -18,8 +18,10 @@ left out, as in Debian's slim images; each package's copyright file is kept.
 
 from __future__ import annotations
 
+import lzma
 import tarfile
 import tempfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -138,7 +140,7 @@ def _unpack(tree: Tree, deb: LockedDeb, path: Path) -> str:
                 if not _pruned(arcname):
                     tree.add(e, deb.name)
                     listed.append("/" + info.name.removeprefix("./").rstrip("/"))
-    except (DebError, tarfile.TarError, OSError, EOFError) as exc:
+    except (DebError, tarfile.TarError, OSError, EOFError, lzma.LZMAError, zlib.error) as exc:
         raise FrankError(f"{deb.filename}: not a readable .deb: {exc}") from None
     return _status(control)
 

@@ -50,9 +50,13 @@ def _lock_from(data: bytes, where: str) -> Lock:
 def facts_from_layout(layout: Path) -> ImageFacts:
     """The image in an OCI layout, every blob hashed, and the lock inside it."""
     from frank.build.plan import LOCK_IN_IMAGE
-    from frank.image.verify import image_lock, verify_layout
+    from frank.image.verify import LayerChanged, image_lock, verify_layout
 
-    image = verify_layout(layout)
+    try:
+        image = verify_layout(layout)
+    except LayerChanged as exc:  # a verification that fails, not bad input
+        raise VerifyFailed(exc.message.removeprefix("refusing to run: "),
+                           file=exc.file) from None
     raw = image_lock(image)
     return ImageFacts(image.digest, image_descriptor(layout), image.config,
                       _lock_from(json.dumps(raw).encode(), f"{layout}:{LOCK_IN_IMAGE}"))

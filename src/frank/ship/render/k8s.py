@@ -48,6 +48,7 @@ HTTP = "http"
 LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -101,7 +102,8 @@ def check_renderable(lock: Lock, opts: RenderOptions) -> None:
 def name_of(lock: Lock) -> str:
     """The objects' name: the stack's name, which must be a DNS label."""
     name = lock.stack.replace(".", "-").replace("_", "-")
-    if not _DNS_LABEL.match(name) or len(name) > 52:  # leaves room for suffixes
+    # a Service's name is a DNS-1035 label: a letter first (``1served`` is refused there)
+    if not _DNS_1035.match(name) or len(name) > 52:  # leaves room for suffixes
         raise FrankError(f"the stack name {lock.stack!r} cannot name Kubernetes objects "
                          "(a DNS label of at most 52 characters)", field="stack")
     return name
@@ -198,7 +200,14 @@ def engine_env(lock: Lock) -> list[Any]:
         env.pop("HUGGINGFACE_HUB_CACHE", None)
         env["HF_HUB_CACHE"] = HUB_MOUNT
         env["HF_HUB_OFFLINE"] = "1"
-    return [k8s.V1EnvVar(name=k, value=v) for k, v in sorted(env.items())]
+    return [k8s.V1EnvVar(name=k, value=literal(v)) for k, v in sorted(env.items())]
+
+
+def literal(value: str) -> str:
+    """``value`` as Kubernetes passes it on: the kubelet expands ``$(VAR)`` in a container's
+    command, args and env values and reduces ``$$`` to ``$``, so every ``$`` is doubled and
+    the pod runs what the lock says, not what the node's variables make of it."""
+    return value.replace("$", "$$")
 
 
 def _probe(path: str, period: int, failures: int) -> Any:
@@ -219,8 +228,10 @@ def engine_container(lock: Lock, image: ImageRef, opts: RenderOptions, *,
         else None
     container = k8s.V1Container(
         name=ENGINE, image=image.reference, image_pull_policy="IfNotPresent",
-        command=list(lock.command),
-        args=[model_arg(lock), *launch.flag_args(lock.flags), *extra_args],
+        command=[literal(c) for c in lock.command],
+        # frank's own extra args may name the pod's variables ($(LWS_WORKER_INDEX))
+        args=[*(literal(a) for a in [model_arg(lock), *launch.flag_args(lock.flags)]),
+              *extra_args],
         env=engine_env(lock), resources=resources, volume_mounts=mounts)
     if serves:
         container.ports = [k8s.V1ContainerPort(name=HTTP, container_port=port,
