@@ -20,8 +20,11 @@ from frank.hashing import sha256_json
 from frank.build.plan import BuildPlan, PlanLayer
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from rich.console import Console
 
+    from frank.image.spec import LayerInput
     from frank.store.fetch import Fetcher
 
 Builder = Literal["auto", "oci", "buildah", "podman", "docker"]
@@ -77,24 +80,26 @@ def build_oci(plan: BuildPlan, root: Path, out: Path, *, log: Path,
     layer reads it; a layer whose key the index knows is reused without reading anything.
     """
     import threading
+    import time
 
     from rich.console import Console
 
     from frank.build.base import resolve_base
-    from frank.build.pipeline import build_missing
     from frank.image.layer import build_layer, index_key
     from frank.image.oci import build_image
     from frank.image.spec import ImageSpec, LayerInput
     from frank.store.blobs import BlobStore
-    from frank.store.fetch import Fetcher, Pinned
+    from frank.store.fetch import Fetcher
 
     console = Console(stderr=True, quiet=quiet)
     store = BlobStore()
     fetcher = Fetcher(store, mirrors)
+    start = time.monotonic()
     base = resolve_base(root / "images" / f"{plan.base_image['name']}.toml", store)
     reused = 0
     log.parent.mkdir(parents=True, exist_ok=True)
-    log.write_text(f"frank embedded build of {plan.stack} ({plan.lock_digest})\n")
+    log.write_text(f"frank embedded build of {plan.stack} ({plan.lock_digest})\n"
+                   f"base {plan.base_image['name']}: {time.monotonic() - start:.1f} s\n")
     layers: list[LayerInput] = []
     missing: list[tuple[PlanLayer, LayerInput]] = []
     for layer in plan.layers:
@@ -113,28 +118,20 @@ def build_oci(plan: BuildPlan, root: Path, out: Path, *, log: Path,
 
     def stage(layer: PlanLayer, spec_layer: LayerInput) -> str:
         """One layer the staging way: assembled in a temp tree, then tarred."""
+        began = time.monotonic()
         with tempfile.TemporaryDirectory(dir=store.tmp_dir, prefix="stage-") as tmp:
             staging = Path(tmp)
             assemble_layer(layer, plan, root, staging, fetcher, log)
             rec, _ = build_layer(store, LayerInput(name=layer.name, key=spec_layer.key,
                                                    entries=((staging, "/"),)),
                                  plan.source_date_epoch)
-        note(f"layer {layer.index} {layer.name}: built")
+        note(f"layer {layer.index} {layer.name}: built (staged) in "
+             f"{time.monotonic() - began:.1f} s, at {time.monotonic() - start:.1f} s")
         return rec.digest
 
-    # patches first, on their own: one that cannot be had fails before gigabytes of wheels
-    fetcher.fetch_all([Pinned(x.patch.source, x.patch.sha256) for x, _ in missing
-                       if x.patch and "://" in x.patch.source])
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
-
-    with Progress(TextColumn(f"{len(missing)} layers: fetching and writing"), BarColumn(),
-                  DownloadColumn(), console=console, transient=True) as bar:
-        todo = {w.sha256: w.size or 0 for x, _ in missing for w in x.wheels
-                if not store.has("sha256:" + w.sha256)}
-        task = bar.add_task("fetch", total=sum(todo.values()) or None)
-        made = build_missing(
-            missing, site=plan.site_packages, epoch=plan.source_date_epoch, fetcher=fetcher,
-            stage=stage, note=note, progress=lambda i: bar.advance(task, todo.get(i.sha256, 0)))
+    fresh: set[str] = set()
+    if missing:
+        fresh = _make_missing(missing, plan, fetcher, console, stage, note)
     built = len(missing)
     spec = ImageSpec(
         base_layout=base.layout, base_digest=base.digest, layers=tuple(layers),
@@ -143,10 +140,37 @@ def build_oci(plan: BuildPlan, root: Path, out: Path, *, log: Path,
         annotations={"dev.frank.lock.digest": plan.lock_digest, "dev.frank.stack": plan.stack},
         source_date_epoch=plan.source_date_epoch,
     )
-    digest = build_image(spec, store, out, ref_name=plan.stack, quiet=quiet, fresh=made.fresh)
-    _log(log, f"image {digest}: {built} layers built, {reused} reused")
+    digest = build_image(spec, store, out, ref_name=plan.stack, quiet=quiet, fresh=fresh)
+    _log(log, f"image {digest}: {built} layers built, {reused} reused; "
+              f"{time.monotonic() - start:.1f} s")
     return BuildResult(digest=digest, layout=out, builder="oci", why="", layers_built=built,
                        layers_reused=reused)
+
+
+def _make_missing(missing: list[tuple[PlanLayer, LayerInput]], plan: BuildPlan,
+                  fetcher: Fetcher, console: Console,
+                  stage: Callable[[PlanLayer, LayerInput], str],
+                  note: Callable[[str], None]) -> set[str]:
+    """Fetch and make the missing layers (``pipeline``), with a download bar; the digests
+    of the blobs made."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+
+    from frank.build.pipeline import build_missing
+    from frank.store.fetch import Pinned
+
+    # patches first, on their own: one that cannot be had fails before gigabytes of wheels
+    fetcher.fetch_all([Pinned(x.patch.source, x.patch.sha256) for x, _ in missing
+                       if x.patch and "://" in x.patch.source])
+    store = fetcher.store
+    with Progress(TextColumn(f"{len(missing)} layers: fetching and writing"), BarColumn(),
+                  DownloadColumn(), console=console, transient=True) as bar:
+        todo = {w.sha256: w.size or 0 for x, _ in missing for w in x.wheels
+                if not store.has("sha256:" + w.sha256)}
+        task = bar.add_task("fetch", total=sum(todo.values()) or None)
+        made = build_missing(
+            missing, site=plan.site_packages, epoch=plan.source_date_epoch, fetcher=fetcher,
+            stage=stage, note=note, progress=lambda i: bar.advance(task, todo.get(i.sha256, 0)))
+    return made.fresh
 
 
 def _log(log: Path, line: str) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -77,6 +78,7 @@ def build_missing(missing: list[tuple[PlanLayer, LayerInput]], *, site: str, epo
     whatever the staging route makes of it.
     """
     store = fetcher.store
+    start = time.monotonic()
     built = Built()
     lock = threading.Lock()
     stop = threading.Event()
@@ -96,6 +98,7 @@ def build_missing(missing: list[tuple[PlanLayer, LayerInput]], *, site: str, epo
             built.staged.append(layer.name)
 
     def stream(layer: PlanLayer, spec_layer: LayerInput) -> None:
+        began = time.monotonic()
         wheels = [(w.filename, store.verified_path(Pinned(w.url, w.sha256).digest))
                   for w in layer.wheels]
         try:
@@ -114,7 +117,8 @@ def build_missing(missing: list[tuple[PlanLayer, LayerInput]], *, site: str, epo
         with lock:
             built.fresh.add(w.digest)
             built.streamed.append(layer.name)
-        note(f"layer {layer.index} {layer.name}: built (streamed)")
+        note(f"layer {layer.index} {layer.name}: built (streamed) in "
+             f"{time.monotonic() - began:.1f} s, at {time.monotonic() - start:.1f} s")
 
     dl = ThreadPoolExecutor(max_workers=max(1, fetch_jobs), thread_name_prefix="frank-fetch")
     tar = ThreadPoolExecutor(max_workers=max(1, tar_jobs), thread_name_prefix="frank-tar")
@@ -140,7 +144,8 @@ def build_missing(missing: list[tuple[PlanLayer, LayerInput]], *, site: str, epo
             f.result()  # the first failure raises here
         dl.shutdown(wait=True)
         note(f"inputs: {len(items)} needed, {fetcher.downloaded} downloaded, "
-             f"{fetcher.from_mirror} from a mirror, the rest already in the store")
+             f"{fetcher.from_mirror} from a mirror, the rest already in the store; all in "
+             f"at {time.monotonic() - start:.1f} s")
         for x, s in staged:
             staged_route(x, s)
         while True:
