@@ -6,11 +6,13 @@ layers one after the other, each through a staging tree
 largest first, and a layer made only of wheels is streamed into its blob (``wheeltar``) by a
 small pool as soon as its last wheel is in the store, so the network and the CPU work at the
 same time. A layer that brings anything else (repo files, a patch, a kernel, a repo wheel)
-goes the staging way, in the calling thread, once every download is in.
+goes the staging way, in the calling thread, as soon as its own wheels are in (a kernel
+compiles while the closure downloads).
 
 The first failure stops everything: queued downloads are cancelled, running layers stop at
-their next file, and the failure is raised. Nothing half-made enters the store: a blob is
-renamed in only when its tar is whole, and the index names it only after that.
+their next file, and the failure is raised (a failed download is raised once the staged
+layer being made, if any, is done: a compile is not cut off). Nothing half-made enters the
+store: a blob is renamed in only when its tar is whole, and the index names it only after.
 """
 
 from __future__ import annotations
@@ -137,17 +139,22 @@ def build_missing(missing: list[tuple[PlanLayer, LayerInput]], *, site: str, epo
         return path
 
     try:
-        downloads = [dl.submit(fetched, item)  # the long ones first: they end last
-                     for item in sorted(items.values(), key=lambda i: -(i.size or 0))]
-        done, _ = wait(downloads, return_when=FIRST_EXCEPTION)
+        order = sorted(items.values(), key=lambda i: -(i.size or 0))  # the long ones first
+        downloads = {item.sha256: dl.submit(fetched, item) for item in order}
+        for x, s in staged:  # meanwhile, in this thread: each once its own wheels are in
+            needs = [w.sha256 for w in x.wheels]
+            if x.patch:
+                needs.append(x.patch.engine_wheel.sha256)
+            for sha in needs:
+                downloads[sha].result()
+            staged_route(x, s)
+        done, _ = wait(list(downloads.values()), return_when=FIRST_EXCEPTION)
         for f in done:
             f.result()  # the first failure raises here
-        dl.shutdown(wait=True)
+        dl.shutdown(wait=True)  # every download's layer is submitted
         note(f"inputs: {len(items)} needed, {fetcher.downloaded} downloaded, "
              f"{fetcher.from_mirror} from a mirror, the rest already in the store; all in "
              f"at {time.monotonic() - start:.1f} s")
-        for x, s in staged:
-            staged_route(x, s)
         while True:
             with lock:
                 pending = [j for j in jobs if not j.done()]
