@@ -131,7 +131,7 @@ def build_oci(plan: BuildPlan, root: Path, out: Path, *, log: Path,
 
     fresh: set[str] = set()
     if missing:
-        fresh = _make_missing(missing, plan, fetcher, console, stage, note)
+        fresh = _make_missing(missing, plan, fetcher, console, stage, note, start)
     built = len(missing)
     spec = ImageSpec(
         base_layout=base.layout, base_digest=base.digest, layers=tuple(layers),
@@ -150,7 +150,7 @@ def build_oci(plan: BuildPlan, root: Path, out: Path, *, log: Path,
 def _make_missing(missing: list[tuple[PlanLayer, LayerInput]], plan: BuildPlan,
                   fetcher: Fetcher, console: Console,
                   stage: Callable[[PlanLayer, LayerInput], str],
-                  note: Callable[[str], None]) -> set[str]:
+                  note: Callable[[str], None], since: float) -> set[str]:
     """Fetch and make the missing layers (``pipeline``), with a download bar; the digests
     of the blobs made."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
@@ -169,7 +169,8 @@ def _make_missing(missing: list[tuple[PlanLayer, LayerInput]], plan: BuildPlan,
         task = bar.add_task("fetch", total=sum(todo.values()) or None)
         made = build_missing(
             missing, site=plan.site_packages, epoch=plan.source_date_epoch, fetcher=fetcher,
-            stage=stage, note=note, progress=lambda i: bar.advance(task, todo.get(i.sha256, 0)))
+            stage=stage, note=note, progress=lambda i: bar.advance(task, todo.get(i.sha256, 0)),
+            since=since)
     return made.fresh
 
 

@@ -71,16 +71,18 @@ def build_missing(missing: list[tuple[PlanLayer, LayerInput]], *, site: str, epo
                   fetcher: Fetcher, stage: Callable[[PlanLayer, LayerInput], str],
                   note: Callable[[str], None],
                   progress: Callable[[Pinned], None] | None = None,
-                  fetch_jobs: int = FETCH_JOBS, tar_jobs: int = TAR_JOBS) -> Built:
+                  fetch_jobs: int = FETCH_JOBS, tar_jobs: int = TAR_JOBS,
+                  since: float | None = None) -> Built:
     """Make every missing layer's blob and index entry.
 
     ``stage(layer, spec_layer)`` builds one layer the staging way and returns its blob's
     digest; it is called for the layers that cannot be streamed, and for a streamed layer
     whose wheel refuses streaming (its RECORD does not hold), so that layer's bytes are
-    whatever the staging route makes of it.
+    whatever the staging route makes of it. The log's "at N s" counts from ``since`` (a
+    ``time.monotonic()`` value; the build's start), else from this call.
     """
     store = fetcher.store
-    start = time.monotonic()
+    start = time.monotonic() if since is None else since
     built = Built()
     lock = threading.Lock()
     stop = threading.Event()
