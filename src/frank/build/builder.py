@@ -20,8 +20,11 @@ from frank.hashing import sha256_json
 from frank.build.plan import BuildPlan, PlanLayer
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from rich.console import Console
 
+    from frank.image.spec import LayerInput
     from frank.store.fetch import Fetcher
 
 Builder = Literal["auto", "oci", "buildah", "podman", "docker"]
@@ -69,27 +72,34 @@ def choose_builder(plan: BuildPlan, requested: Builder) -> tuple[str, str]:
 
 def build_oci(plan: BuildPlan, root: Path, out: Path, *, log: Path,
               mirrors: tuple[Path, ...] = (), quiet: bool = False) -> BuildResult:
-    """Build with the embedded writer: each missing layer assembled on the host, then tarred.
+    """Build with the embedded writer: the missing layers made on the host (``pipeline``:
+    downloads in flight while layers of wheels are streamed into their blobs, the others
+    staged), then the image and its layout.
 
-    Nothing runs inside the image. Every input was fetched into the store and verified
-    first; a layer whose key the index knows is reused without staging anything.
+    Nothing runs inside the image. Every input is verified as it enters the store, before a
+    layer reads it; a layer whose key the index knows is reused without reading anything.
     """
+    import threading
+    import time
+
     from rich.console import Console
 
-    from frank.store.fetch import Fetcher
     from frank.build.base import resolve_base
     from frank.image.layer import build_layer, index_key, indexed
     from frank.image.oci import build_image
     from frank.image.spec import ImageSpec, LayerInput
     from frank.store.blobs import BlobStore
+    from frank.store.fetch import Fetcher
 
     console = Console(stderr=True, quiet=quiet)
     store = BlobStore()
     fetcher = Fetcher(store, mirrors)
+    start = time.monotonic()
     base = resolve_base(root / "images" / f"{plan.base_image['name']}.toml", store)
-    built = reused = 0
+    reused = 0
     log.parent.mkdir(parents=True, exist_ok=True)
-    log.write_text(f"frank embedded build of {plan.stack} ({plan.lock_digest})\n")
+    log.write_text(f"frank embedded build of {plan.stack} ({plan.lock_digest})\n"
+                   f"base {plan.base_image['name']}: {time.monotonic() - start:.1f} s\n")
     layers: list[LayerInput] = []
     missing: list[tuple[PlanLayer, LayerInput]] = []
     for layer in plan.layers:
@@ -100,18 +110,29 @@ def build_oci(plan: BuildPlan, root: Path, out: Path, *, log: Path,
         else:
             reused += 1
         layers.append(spec_layer)
-    _fetch_inputs([layer for layer, _ in missing], fetcher, console, log)
-    for layer, spec_layer in missing:
+    log_lock = threading.Lock()
+
+    def note(line: str) -> None:
+        with log_lock:
+            _log(log, line)
+
+    def stage(layer: PlanLayer, spec_layer: LayerInput) -> str:
+        """One layer the staging way: assembled in a temp tree, then tarred."""
+        began = time.monotonic()
         with tempfile.TemporaryDirectory(dir=store.tmp_dir, prefix="stage-") as tmp:
             staging = Path(tmp)
-            with console.status(f"layer {layer.index}: {layer.name}: assembling"):
-                assemble_layer(layer, plan, root, staging, fetcher, log)
-            with console.status(f"layer {layer.index}: {layer.name}: writing the tar"):
-                build_layer(store, LayerInput(name=layer.name, key=spec_layer.key,
-                                              entries=((staging, "/"),)),
-                            plan.source_date_epoch)
-        _log(log, f"layer {layer.index} {layer.name}: built")
-        built += 1
+            assemble_layer(layer, plan, root, staging, fetcher, log)
+            rec, _ = build_layer(store, LayerInput(name=layer.name, key=spec_layer.key,
+                                                   entries=((staging, "/"),)),
+                                 plan.source_date_epoch)
+        note(f"layer {layer.index} {layer.name}: built (staged) in "
+             f"{time.monotonic() - began:.1f} s, at {time.monotonic() - start:.1f} s")
+        return rec.digest
+
+    fresh: set[str] = set()
+    if missing:
+        fresh = _make_missing(missing, plan, fetcher, console, stage, note, start)
+    built = len(missing)
     spec = ImageSpec(
         base_layout=base.layout, base_digest=base.digest, layers=tuple(layers),
         env=plan.config.env, entrypoint=plan.config.entrypoint, cmd=plan.config.cmd,
@@ -119,10 +140,38 @@ def build_oci(plan: BuildPlan, root: Path, out: Path, *, log: Path,
         annotations={"dev.frank.lock.digest": plan.lock_digest, "dev.frank.stack": plan.stack},
         source_date_epoch=plan.source_date_epoch,
     )
-    digest = build_image(spec, store, out, ref_name=plan.stack, quiet=quiet)
-    _log(log, f"image {digest}: {built} layers built, {reused} reused")
+    digest = build_image(spec, store, out, ref_name=plan.stack, quiet=quiet, fresh=fresh)
+    _log(log, f"image {digest}: {built} layers built, {reused} reused; "
+              f"{time.monotonic() - start:.1f} s")
     return BuildResult(digest=digest, layout=out, builder="oci", why="", layers_built=built,
                        layers_reused=reused)
+
+
+def _make_missing(missing: list[tuple[PlanLayer, LayerInput]], plan: BuildPlan,
+                  fetcher: Fetcher, console: Console,
+                  stage: Callable[[PlanLayer, LayerInput], str],
+                  note: Callable[[str], None], since: float) -> set[str]:
+    """Fetch and make the missing layers (``pipeline``), with a download bar; the digests
+    of the blobs made."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+
+    from frank.build.pipeline import build_missing
+    from frank.store.fetch import Pinned
+
+    # patches first, on their own: one that cannot be had fails before gigabytes of wheels
+    fetcher.fetch_all([Pinned(x.patch.source, x.patch.sha256) for x, _ in missing
+                       if x.patch and "://" in x.patch.source])
+    store = fetcher.store
+    with Progress(TextColumn(f"{len(missing)} layers: fetching and writing"), BarColumn(),
+                  DownloadColumn(), console=console, transient=True) as bar:
+        todo = {w.sha256: w.size or 0 for x, _ in missing for w in x.wheels
+                if not store.has("sha256:" + w.sha256)}
+        task = bar.add_task("fetch", total=sum(todo.values()) or None)
+        made = build_missing(
+            missing, site=plan.site_packages, epoch=plan.source_date_epoch, fetcher=fetcher,
+            stage=stage, note=note, progress=lambda i: bar.advance(task, todo.get(i.sha256, 0)),
+            since=since)
+    return made.fresh
 
 
 def _log(log: Path, line: str) -> None:
@@ -159,8 +208,8 @@ def _fetch_inputs(layers: list[PlanLayer], fetcher: Fetcher, console: Console,
 def assemble_layer(layer: PlanLayer, plan: BuildPlan, root: Path, staging: Path,
                    fetcher: Fetcher, log: Path) -> None:
     """Fill ``staging`` with the layer's files: copies, wheels, patched files, kernels."""
-    from frank.store.fetch import Pinned
     from frank.build.install import install_wheels
+    from frank.store.fetch import Pinned
 
     site = plan.site_packages
     stage_layer(layer, root, staging)
@@ -189,9 +238,9 @@ def assemble_layer(layer: PlanLayer, plan: BuildPlan, root: Path, staging: Path,
 
 def _apply_patch(layer: PlanLayer, root: Path, staging: Path, fetcher: Fetcher, site: str,
                  log: Path) -> None:
-    from frank.store.fetch import Pinned
-    from frank.model.kinds.patch import touches_compiled
     from frank.build.patching import apply_to_wheel
+    from frank.model.kinds.patch import touches_compiled
+    from frank.store.fetch import Pinned
 
     step = layer.patch
     assert step is not None
@@ -285,8 +334,8 @@ def stage_host_layers(plan: BuildPlan, root: Path, context: Path, *, log: Path,
 def _check_out_source(layer: PlanLayer, root: Path, rootfs: Path, log: Path,
                       store_root: Path) -> None:
     """A source-built layer's git source, checked out on the host into its stage's inputs."""
-    from frank.store import gitsource
     from frank.build.context import image_path_under
+    from frank.store import gitsource
 
     assert layer.stage is not None and layer.stage.source is not None
     src = layer.stage.source

@@ -17,6 +17,7 @@ import json
 import os
 import platform
 import shutil
+import stat
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
@@ -228,11 +229,13 @@ def _base_from_store_or_layout(spec: ImageSpec, store: BlobStore) -> tuple[bytes
 
 
 def build_image(spec: ImageSpec, store: BlobStore, out_layout: Path, *,
-                ref_name: str | None = None, quiet: bool = False) -> str:
+                ref_name: str | None = None, quiet: bool = False,
+                fresh: frozenset[str] | set[str] = frozenset()) -> str:
     """Build ``spec`` into an OCI layout at ``out_layout``; return the manifest digest.
 
     Layers whose key the store's index knows are reused without re-tarring; everything
-    else is tarred once. ``ref_name`` tags the manifest inside index.json.
+    else is tarred once. ``ref_name`` tags the manifest inside index.json. ``fresh`` names
+    blobs this process wrote (and hashed as it wrote them): see ``write_layout``.
     """
     from rich.console import Console
 
@@ -317,7 +320,8 @@ def build_image(spec: ImageSpec, store: BlobStore, out_layout: Path, *,
     kept, kept_blobs = kept_referrers(store, final_path(Path(out_layout)), manifest_digest)
     index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [desc, *kept]}
     blobs = [config_digest, manifest_digest, *(d["digest"] for d in layer_descs), *kept_blobs]
-    write_layout(store, Path(out_layout), canonical_json(index), blobs, epoch=epoch)
+    write_layout(store, Path(out_layout), canonical_json(index), blobs, epoch=epoch,
+                 fresh=fresh)
     return manifest_digest
 
 
@@ -353,13 +357,18 @@ def kept_referrers(store: BlobStore, layout: Path, subject: str
 
 
 def write_layout(store: BlobStore, out: Path, index_raw: bytes, blobs: list[str], *,
-                 epoch: int = 0) -> None:
+                 epoch: int = 0, fresh: frozenset[str] | set[str] = frozenset()) -> None:
     """Assemble a layout in a temp dir next to ``out`` and swap it into place.
 
     File modes are fixed (0644/0755) and mtimes set to ``epoch`` so two layouts of the same
     image are identical to the metadata, whatever the umask or the clock (diffoscope checks
-    both). Every blob copied out is hashed in full, whatever ``FRANK_VERIFY`` says: a stamp
-    trusts a blob whose stat is unchanged, and what goes out must be the bytes named. If the
+    both). A blob goes out as a hard link to the store's file where the filesystem allows
+    (a copy of a 10 GB image was a third write of every byte): the store's stamp of it is
+    renewed after its mode and mtime are set, and a later write to either name changes the
+    shared ctime, so the store re-hashes it before any further use. Every blob that goes out
+    is hashed in full, whatever ``FRANK_VERIFY`` says (a stamp trusts a blob whose stat is
+    unchanged, and what goes out must be the bytes named), except the ``fresh`` ones: blobs
+    this process has just written and hashed on their way in. If the
     output already holds exactly this layout, untouched since frank wrote it (same stat
     stamps, see ``BlobStore``) and every blob still hashes to its name, nothing is copied: a
     no-op rebuild reads the image once and writes nothing (the stamps live in the cache,
@@ -378,9 +387,50 @@ def write_layout(store: BlobStore, out: Path, index_raw: bytes, blobs: list[str]
         fcntl.flock(lock, fcntl.LOCK_EX)  # two builds into one output take turns
         if not (_output_is_current(final, index_raw, wanted, record)
                 and _blobs_match(final, wanted)):
-            _write_layout_locked(store, out, index_raw, sources, record, epoch, final)
+            _write_layout_locked(store, out, index_raw, sources, record, epoch, final,
+                                 fresh=fresh)
         elif final != out:
             shutil.rmtree(out, ignore_errors=True)  # the output in place is carried over
+
+
+def _link_blob(store: BlobStore, digest: str, src: Path, dest: Path, epoch: int,
+               fresh: frozenset[str] | set[str]) -> bool:
+    """Hard-link a store blob into a layout, with the layout's mode and mtime; False where
+    it cannot be (another filesystem, or the blob already serves a layout of another epoch:
+    changing it would make that layout look modified). A blob not in ``fresh`` is hashed."""
+    try:
+        st = src.stat()
+    except OSError:
+        return False
+    if stat.S_IMODE(st.st_mode) == 0o644 and st.st_mtime_ns != epoch * 1_000_000_000:
+        return False
+    try:
+        os.link(src, dest)
+    except OSError:
+        return False
+    try:
+        if digest not in fresh:
+            actual = sha256_file(dest)
+            if actual != digest:
+                store._quarantine(src)
+                raise FrankError(f"cached blob does not match its digest {digest} (content "
+                                 f"is {actual}); it was moved aside, rebuild to re-create it",
+                                 file=src)
+        _fix_meta(dest, 0o644, epoch)
+        store._write_stamp(digest, store._stat_key(src))  # just checked; its ctime moved
+    except BaseException:
+        dest.unlink(missing_ok=True)
+        raise
+    return True
+
+
+def _fix_meta(path: Path, mode: int, epoch: int) -> None:
+    """Set mode and mtime, touching nothing (not even the ctime) where they are right."""
+    st = path.stat()
+    if stat.S_IMODE(st.st_mode) != mode:
+        os.chmod(path, mode)
+    if st.st_mtime_ns != epoch * 1_000_000_000:  # atime is no one's stamp
+        os.utime(path, (epoch, epoch))
 
 
 def _copy_verified(store: BlobStore, digest: str, src: Path, dest: Path) -> None:
@@ -422,7 +472,8 @@ def _reusable(final: Path, record: Path) -> dict[str, Path]:
 
 def _write_layout_locked(store: BlobStore, out: Path, index_raw: bytes,
                          sources: dict[str, Path], record: Path, epoch: int,
-                         final: Path | None = None) -> None:
+                         final: Path | None = None,
+                         fresh: frozenset[str] | set[str] = frozenset()) -> None:
     wanted = list(sources)
     reuse = _reusable(final or out, record)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -437,13 +488,15 @@ def _write_layout_locked(store: BlobStore, out: Path, index_raw: bytes,
                 if sha256_file(dest) != digest:
                     dest.unlink()
                     raise KeyError(digest)
+                continue
             except (KeyError, OSError):
+                pass
+            if not _link_blob(store, digest, src, dest, epoch, fresh):
                 _copy_verified(store, digest, src, dest)
         (tmp / "oci-layout").write_bytes(canonical_json({"imageLayoutVersion": "1.0.0"}))
         (tmp / "index.json").write_bytes(index_raw)
         for p in bdir.iterdir():
-            os.chmod(p, 0o644)
-            os.utime(p, (epoch, epoch))
+            _fix_meta(p, 0o644, epoch)
         for p in (tmp / "oci-layout", tmp / "index.json"):
             os.chmod(p, 0o644)
             os.utime(p, (epoch, epoch))

@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""frank's embedded build against the fastest installer, side by side in one run (issue 41).
+
+On a scratch copy of the repo (mhc-overlap taken back: its URL is unreachable here):
+
+  uv cold    `uv pip install --target DIR -r stacks/pylock.<stack>.toml` from an empty uv
+             cache: the same closure put on disk by the best installer (the anchor)
+  cold       `frank compose` from an empty cache (downloads, every layer, the layout)
+             goal: <= 1.5x uv cold
+  no-op      recompose of the built stack, median of --noop runs (goal < 1 s)
+  one-part   the region-cache plugin's source changed (goal < 2 s)
+  warm-dl    every layer blob and index entry dropped, the downloads kept (goal <= 40 s for
+             served): must give the cold digest again
+
+Each frank run is its own process; its peak memory is the child's max RSS (os.wait4), goal
+<= 1 GB. uv's target and cache are removed before frank starts, so the disk holds one
+closure at a time (served: about 10 GB for uv, 14 GB for frank). Both cold runs are
+network-bound: run them on a quiet machine and quote the ratio, not the seconds.
+
+Usage: .venv/bin/python bench/build_speed_bench.py [--stack served] [--noop 5]
+       [--expect sha256:...] [--results bench/results/build-speed-DATE.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from bench.hermetic_build_bench import drop_layer_blobs  # noqa: E402
+from tests.spine_helpers import copy_repo  # noqa: E402
+
+UV = Path(sys.executable).with_name("uv")
+CA = "/etc/ssl/certs/ca-certificates.crt"
+
+
+def timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, int, str, str]:
+    """(wall seconds, peak RSS in bytes, stdout, stderr) of one child process."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        elapsed = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read().decode(), err.read().decode()
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd[:4])}: exit {proc.returncode}: {stderr[-2000:]}")
+    return elapsed, usage.ru_maxrss * 1024, stdout, stderr
+
+
+def frank(repo: Path, cache: Path, *args: str) -> tuple[float, int, dict]:
+    env = {k: v for k, v in os.environ.items() if k != "SOURCE_DATE_EPOCH"}
+    env["FRANK_CACHE"] = env["FRANK_CACHE_DIR"] = str(cache)
+    wall, rss, out, _ = timed([sys.executable, "-m", "frank", *args], repo, env)
+    return wall, rss, json.loads(out) if out.startswith("{") else {}
+
+
+def compose(repo: Path, cache: Path, out: Path, stack: str) -> tuple[float, int, dict]:
+    return frank(repo, cache, "compose", f"stacks/{stack}.toml", "--json", "--out", str(out))
+
+
+def uv_cold(repo: Path, stack: str, scratch: Path) -> tuple[float, int]:
+    env = dict(os.environ)
+    env.update({"UV_CACHE_DIR": str(scratch / "uv-cache"), "SSL_CERT_FILE": CA,
+                "UV_NO_CONFIG": "1"})
+    target = scratch / "uv-target"
+    wall, _, _, _ = timed([str(UV), "pip", "install", "--target", str(target),
+                               "--python", sys.executable,
+                               "--python-platform", "x86_64-manylinux_2_36",
+                               "-r", f"stacks/pylock.{stack}.toml", "-q"], repo, env)
+    size = sum(p.stat().st_size for p in target.rglob("*") if p.is_file() and not p.is_symlink())
+    shutil.rmtree(target)
+    shutil.rmtree(scratch / "uv-cache")
+    return wall, size
+
+
+def free_gb(path: Path) -> float:
+    return shutil.disk_usage(path).free / 1e9
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--stack", default="served")
+    ap.add_argument("--noop", type=int, default=5)
+    ap.add_argument("--expect", default="", help="the digest the cold build must give")
+    ap.add_argument("--scratch", type=Path, default=None, help="folder for caches (big)")
+    ap.add_argument("--skip-uv", action="store_true")
+    ap.add_argument("--min-free-gb", type=float, default=16.0,
+                    help="refuse to start frank's cold build with less free disk (served "
+                         "needs 14 GB: 4.3 GB of wheels and 9.7 GB of layer blobs)")
+    ap.add_argument("--results", type=Path)
+    args = ap.parse_args()
+    scratch = Path(tempfile.mkdtemp(prefix="build-speed-", dir=args.scratch))
+    rows: list[tuple[str, str, str]] = []
+    try:
+        repo = copy_repo(scratch / "repo")
+        if args.stack == "served":
+            subprocess.run([sys.executable, "-m", "frank", "revert", "mhc-overlap", "--stack",
+                            "stacks/served.toml"], cwd=repo, check=True, capture_output=True,
+                           env={**os.environ, "FRANK_CACHE": str(scratch / "lock-cache"),
+                                "FRANK_CACHE_DIR": str(scratch / "lock-cache")})
+        print(f"disk free at start: {free_gb(scratch):.1f} GB", flush=True)
+        uv_wall = None
+        if not args.skip_uv:
+            uv_wall, uv_bytes = uv_cold(repo, args.stack, scratch)
+            rows.append(("uv pip install --target, empty uv cache", f"{uv_wall:.1f} s",
+                         f"{uv_bytes / 1e9:.2f} GB installed; the anchor"))
+            print(rows[-1], flush=True)
+        cache, out = scratch / "cache", scratch / "out"
+        if free_gb(scratch) < args.min_free_gb:
+            raise SystemExit(f"{free_gb(scratch):.1f} GB free under {scratch}, fewer than "
+                             f"--min-free-gb {args.min_free_gb:g}: not starting the build")
+        cold, cold_rss, doc = compose(repo, cache, out, args.stack)
+        digest = doc["image"]["digest"]
+        if args.results:  # where the cold build's time went, layer by layer
+            shutil.copyfile(out / "build.log", args.results.with_suffix(".cold-build.log"))
+        ratio = f"; {cold / uv_wall:.2f}x uv (goal <= 1.5x)" if uv_wall else ""
+        rows.append(("frank compose, empty cache", f"{cold:.1f} s",
+                     f"{doc['image']['layers_built']} layers; peak RSS "
+                     f"{cold_rss / 1e6:.0f} MB{ratio}"))
+        print(rows[-1], digest, flush=True)
+        if args.expect and digest != args.expect:
+            raise SystemExit(f"cold digest {digest} is not the expected {args.expect}")
+        noops = [compose(repo, cache, out, args.stack) for _ in range(args.noop)]
+        med = statistics.median(t for t, _, _ in noops)
+        rows.append((f"no-op recompose (median of {args.noop})", f"{med:.2f} s",
+                     f"range {min(t for t, _, _ in noops):.2f}-"
+                     f"{max(t for t, _, _ in noops):.2f} s; goal < 1 s"))
+        print(rows[-1], flush=True)
+        plugin = repo / "plugins" / "region_cache" / "frank_region_cache" / "__init__.py"
+        plugin.write_text(plugin.read_text() + "\n# bench: a one-part change\n")
+        one, _, doc1 = compose(repo, cache, out, args.stack)
+        rows.append(("one-part change (region-cache plugin)", f"{one:.2f} s",
+                     f"{doc1['image']['layers_built']} layers built; goal < 2 s"))
+        print(rows[-1], flush=True)
+        plugin.write_text(plugin.read_text().replace("\n# bench: a one-part change\n", ""))
+        drop_layer_blobs(cache)
+        warm, warm_rss, doc2 = compose(repo, cache, out, args.stack)
+        same = doc2["image"]["digest"] == digest
+        rows.append(("warm downloads, no layer blobs", f"{warm:.1f} s",
+                     f"{doc2['image']['layers_built']} layers; peak RSS "
+                     f"{warm_rss / 1e6:.0f} MB; digest {'identical' if same else 'DIFFERENT'}"
+                     f"; goal <= 40 s"))
+        print(rows[-1], flush=True)
+        rows.append(("peak memory of compose", f"{max(cold_rss, warm_rss) / 1e9:.2f} GB",
+                     "max RSS of the cold and warm-dl processes; goal <= 1 GB"))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    load = os.getloadavg()
+    head = (f"# Build speed of {args.stack} against uv, "
+            f"{datetime.now(UTC).strftime('%Y-%m-%d %H:%M')} UTC\n\n"
+            f"Command: `python bench/build_speed_bench.py {' '.join(sys.argv[1:])}`  \n"
+            f"Machine: {platform.node()} ({platform.machine()}, {os.cpu_count()} cores, "
+            f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB), "
+            f"load average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}  \n"
+            f"Image digest (cold; warm-dl gave the same: {same}): `{digest}`\n\n"
+            "| step | time | notes |\n|---|---|---|\n")
+    table = head + "".join(f"| {a} | {b} | {c} |\n" for a, b, c in rows)
+    print(table)
+    if args.results:
+        args.results.write_text(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,217 @@
+"""Wheels streamed into a layer tar give the staging route's bytes (issue 41).
+
+The wheels are made here, with what real wheels carry that installer treats specially:
+entry points, a ``#!python`` script, .data folders, a stray ``.pyc`` and ``__pycache__``
+file, an executable file, a stored and a deflated member, a path long enough for a PAX
+header, a RECORD line without a hash and one with base64 padding, and two wheels writing
+one path (nvidia-cutlass-dsl's two libs wheels share a ``.pth``).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import os
+import tempfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from frank.build.baselayout import layout_from_rootfs
+from frank.build.install import install_wheels
+from frank.build.pipeline import build_missing
+from frank.build.plan import PlanLayer, WheelRef
+from frank.build.wheeltar import StreamRefused, plan_wheels, write_wheel_tar
+from frank.image.layer import build_layer, collect, index_key, indexed, write_tar
+from frank.image.oci import build_image
+from frank.image.spec import ImageSpec, LayerInput
+from frank.store.blobs import BlobStore
+from frank.store.fetch import Fetcher, Pinned
+
+SITE = "/usr/local/lib/python3.11/dist-packages"
+EPOCH = 315532800
+LONG = "alpha/" + "deep_" * 24 + "module.py"  # > 100 bytes once under SITE
+
+
+def _record_hash(data: bytes, padded: bool = False) -> str:
+    value = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).decode()
+    return "sha256=" + (value if padded else value.rstrip("="))
+
+
+def make_wheel(folder: Path, name: str, version: str, files: dict[str, tuple[bytes, int]],
+               *, lie: str | None = None, unhashed: str | None = None,
+               entry_points: str = "") -> Path:
+    """A wheel of ``files`` (path -> (bytes, mode)); ``lie`` names a member whose RECORD
+    hash is wrong, ``unhashed`` one whose RECORD line has no hash."""
+    dist = f"{name}-{version}.dist-info"
+    meta = {
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                         "Tag: py3-none-any\n",
+    }
+    if entry_points:
+        meta[f"{dist}/entry_points.txt"] = entry_points
+    members = {**files, **{k: (v.encode(), 0o644) for k, v in meta.items()}}
+    lines = []
+    for i, (path, (data, _)) in enumerate(sorted(members.items())):
+        h = "" if path == unhashed else _record_hash(data, padded=i % 2 == 0)
+        if path == lie:
+            h = _record_hash(data + b"x")
+        lines.append(f"{path},{h},{'' if not h else len(data)}")
+    lines.append(f"{dist}/RECORD,,")
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        for i, (member, (data, mode)) in enumerate(sorted(members.items())):
+            info = zipfile.ZipInfo(member, (2020, 1, 1, 0, 0, 0))
+            info.external_attr = (0o100000 | mode) << 16
+            info.compress_type = zipfile.ZIP_DEFLATED if i % 2 else zipfile.ZIP_STORED
+            zf.writestr(info, data)
+        zf.writestr(f"{dist}/RECORD", "\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str, Path]]:
+    folder = tmp_path_factory.mktemp("wheels")
+    big = os.urandom(300_000) + b"\0" * 3_000_000  # more than one 1 MB read, compressible
+    alpha = make_wheel(folder, "alpha", "1.0", {
+        "alpha/__init__.py": (b"def main():\n    return 0\n", 0o644),
+        "alpha/tool.sh": (b"#!/bin/sh\necho hi\n", 0o755),
+        "alpha/big.bin": (big, 0o644),
+        "alpha/stray.pyc": (b"\0\0\0\0", 0o644),
+        "alpha/__pycache__/x.cpython-311.pyc": (b"\0", 0o644),
+        LONG: (b"x = 1\n", 0o644),
+        "alpha-1.0.data/scripts/run": (b"#!python\nimport alpha\n", 0o755),
+        "alpha-1.0.data/scripts/plain": (b"#!/bin/sh\ntrue\n", 0o644),
+        "alpha-1.0.data/data/share/alpha/x.txt": (b"data\n", 0o644),
+        "alpha-1.0.data/headers/alpha.h": (b"int a;\n", 0o644),
+        "shared.pth": (b"alpha\n", 0o644),
+    }, unhashed="alpha/__init__.py", entry_points="[console_scripts]\nalpha = alpha:main\n")
+    beta = make_wheel(folder, "beta", "2.0", {
+        "beta/__init__.py": (b"", 0o644),
+        "shared.pth": (b"beta\n", 0o755),
+    })
+    return [(alpha.name, alpha), (beta.name, beta)]
+
+
+def staged_bytes(wheels: list[tuple[str, Path]], key: str | None = None) -> bytes:
+    """What the staging route makes: installer into a tree, the tree collected and tarred."""
+    out = io.BytesIO()
+    with tempfile.TemporaryDirectory() as tmp:
+        install_wheels(wheels, Path(tmp), SITE)
+        write_tar(collect([(Path(tmp), "/")]), EPOCH, out, key=key)
+    return out.getvalue()
+
+
+def streamed_bytes(wheels: list[tuple[str, Path]], tmp: Path, key: str | None = None) -> bytes:
+    out = tmp / "streamed.tar"
+    with out.open("wb") as f:
+        write_wheel_tar(plan_wheels(wheels, SITE), EPOCH, f, key=key)
+    return out.read_bytes()
+
+
+def test_streamed_tar_is_the_staged_tar(wheels: list[tuple[str, Path]], tmp_path: Path) -> None:
+    streamed = streamed_bytes(wheels, tmp_path)
+    assert streamed == staged_bytes(wheels)
+    key = "ab" * 32  # with the key its first member names, the two routes still agree
+    assert streamed_bytes(wheels, tmp_path, key) == staged_bytes(wheels, key) != streamed
+    names = {m for m in plan_wheels(wheels, SITE)}
+    assert "usr/local/bin/alpha" in names and "usr/local/bin/run" in names
+    assert f"{SITE.lstrip('/')}/{LONG}" in names
+    # the order matters too: beta's .pth replaces alpha's, and keeps alpha's mode bits
+    assert streamed_bytes(wheels[::-1], tmp_path) == staged_bytes(wheels[::-1])
+    assert streamed_bytes(wheels[::-1], tmp_path) != streamed
+
+
+def test_a_record_that_lies_is_refused_not_written(tmp_path: Path) -> None:
+    liar = make_wheel(tmp_path, "liar", "1.0", {"liar/__init__.py": (b"x = 1\n", 0o644)},
+                      lie="liar/__init__.py")
+    members = plan_wheels([(liar.name, liar)], SITE)
+    with pytest.raises(StreamRefused, match="RECORD hash"), \
+            (tmp_path / "t.tar").open("wb") as f:
+        write_wheel_tar(members, EPOCH, f)
+
+
+def test_pipeline_streams_and_falls_back_to_staging(tmp_path: Path,
+                                                    wheels: list[tuple[str, Path]]) -> None:
+    """Two wheel layers, one with a lying RECORD: both get blobs and index entries, the
+    honest one streamed, the liar staged (its RECORD then holds what was really written)."""
+    liar = make_wheel(tmp_path, "liar", "1.0", {"liar/__init__.py": (b"x = 1\n", 0o644)},
+                      lie="liar/__init__.py")
+    store = BlobStore(tmp_path / "cache")
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    refs = {}
+    for name, path in [*wheels, (liar.name, liar)]:
+        sha = hashlib.sha256(path.read_bytes()).hexdigest()
+        (mirror / sha).write_bytes(path.read_bytes())
+        refs[name] = WheelRef(name=name.split("-")[0], version="1", filename=name,
+                              url=f"https://unreachable.invalid/{name}", sha256=sha,
+                              size=path.stat().st_size)
+
+    def layer(i: int, names: list[str]) -> tuple[PlanLayer, LayerInput]:
+        x = PlanLayer(index=i, name=f"python:l{i}", part=None, kind="python", key=f"k{i}",
+                      inputs={}, files=[], generated=[], pip_install=[], run=[], why="",
+                      wheels=[refs[n] for n in names])
+        return x, LayerInput(name=x.name, key=f"{i:064x}", entries=((store.tmp_dir, "/"),))
+
+    missing = [layer(1, [n for n, _ in wheels]), layer(2, [liar.name])]
+    fetcher = Fetcher(store, [mirror])
+
+    def stage(x: PlanLayer, spec: LayerInput) -> str:
+        with tempfile.TemporaryDirectory(dir=store.tmp_dir) as tmp:
+            install_wheels([(w.filename, fetcher.fetch(Pinned(w.url, w.sha256)))
+                            for w in x.wheels], Path(tmp), SITE)
+            rec, _ = build_layer(store, LayerInput(name=x.name, key=spec.key,
+                                                   entries=((Path(tmp), "/"),)), EPOCH)
+        return rec.digest
+
+    notes: list[str] = []
+    made = build_missing(missing, site=SITE, epoch=EPOCH, fetcher=fetcher, stage=stage,
+                         note=notes.append)
+    assert made.streamed == ["python:l1"] and made.staged == ["python:l2"]
+    assert any("does not match its RECORD hash" in n for n in notes)
+    key1 = index_key(missing[0][1], EPOCH)
+    rec1 = indexed(store, key1)  # the streamed blob names its key: a hit for the next build
+    assert rec1 is not None and rec1.digest in made.fresh
+    assert store.path(rec1.digest).read_bytes() == staged_bytes(wheels, key1)
+
+
+def test_layout_links_the_store_blob_and_hashes_what_it_did_not_write(tmp_path: Path) -> None:
+    """The out/ layout shares the store's inode (no third copy of every byte); a blob this
+    process did not write is still hashed on its way out."""
+    store = BlobStore(tmp_path / "cache")
+    (tmp_path / "rootfs" / "etc").mkdir(parents=True)
+    (tmp_path / "rootfs" / "etc" / "os-release").write_text("ID=frank-mini\n")
+    base_digest = layout_from_rootfs(tmp_path / "rootfs", store, tmp_path / "base", epoch=0,
+                                     created_by="mini")
+    src = tmp_path / "tree"
+    (src / "opt").mkdir(parents=True)
+    (src / "opt" / "f").write_bytes(b"payload" * 1000)
+    spec_layer = LayerInput(name="l", key="a" * 64, entries=((src, "/"),))
+    rec, built = build_layer(store, spec_layer, EPOCH)
+    assert built
+    spec = ImageSpec(base_layout=tmp_path / "base", base_digest=base_digest,
+                     layers=(spec_layer,), env={}, entrypoint=[], cmd=[], labels={},
+                     annotations={}, source_date_epoch=EPOCH)
+    out = tmp_path / "out" / "image"
+    build_image(spec, store, out)
+    blob = out / "blobs" / "sha256" / rec.digest.split(":")[1]
+    assert blob.stat().st_ino == store.path(rec.digest).stat().st_ino
+    assert oct(blob.stat().st_mode & 0o777) == "0o644" and blob.stat().st_mtime == EPOCH
+    hashes = store.stats.full_hashes
+    assert store.verified_path(rec.digest) == store.path(rec.digest)
+    assert store.stats.full_hashes == hashes  # its stamp was renewed: no re-hash on reuse
+    # another output, the blob not fresh this time: linked and hashed; a wrong byte in the
+    # store (same size, stamp forged to match) is caught before it reaches the layout
+    path = store.path(rec.digest)
+    data = bytearray(path.read_bytes())
+    data[-2000] ^= 1
+    path.write_bytes(bytes(data))
+    os.utime(path, (EPOCH, EPOCH))  # as a layout's blob has it: the link route is taken
+    store._write_stamp(rec.digest, store._stat_key(path))
+    with pytest.raises(Exception, match="does not match its digest"):
+        build_image(spec, store, tmp_path / "out2" / "image")
+    assert not (tmp_path / "out2" / "image").exists()
