@@ -89,11 +89,12 @@ def _overlay_mounts() -> bool:
         return proc.returncode == 0
 
 
-def _docker_answers(exe: str) -> bool:
-    try:
-        return subprocess.run([exe, "info"], capture_output=True, timeout=10).returncode == 0
-    except (subprocess.TimeoutExpired, OSError):
-        return False
+def _docker_answers() -> bool:
+    """Whether a Docker daemon answers the ``docker`` SDK where the environment points
+    (``DOCKER_HOST``, the CLI's context): frank needs no docker CLI, only a daemon."""
+    from frank.build.dockerapi import answers
+
+    return answers()
 
 
 def _runroot(root: Path) -> Path:
@@ -109,7 +110,11 @@ def detect(store: BlobStore | None = None) -> list[Engine]:
     found: list[Engine] = []
     for name in ENGINE_ORDER:
         exe = shutil.which(name)
-        if exe is None or (name == "docker" and not _docker_answers(exe)):
+        if name == "docker":
+            if not _docker_answers():
+                continue
+            exe = exe or "docker"  # shown only; the SDK talks to the daemon
+        if exe is None:
             continue
         driver = storage_driver()
         # one storage root per driver: a root cannot change driver once made
@@ -128,8 +133,11 @@ def get_engine(name: str = "auto", store: BlobStore | None = None) -> Engine:
     for e in engines:
         if e.name == name:
             return e
-    hint = "start a Docker daemon (docker info must answer)" if name == "docker" else \
-        f"apt-get install {name}"
+    if name == "docker":  # the daemon's own reason, and where frank looked for it
+        from frank.build.dockerapi import client
+
+        client(timeout=10).close()
+    hint = "start a Docker daemon" if name == "docker" else f"apt-get install {name}"
     raise FrankError(f"container engine {name!r} is not available; {hint}", field="--builder")
 
 

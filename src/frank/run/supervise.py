@@ -4,8 +4,9 @@ always remove the working container (on a normal exit, an error, SIGTERM or Ctrl
 Why signals go to the entrypoint process under buildah: ``buildah run`` answers SIGTERM by
 killing the container outright, so the engine never shuts down cleanly. Chroot isolation
 shares the host's process table, so the launcher (the child of ``buildah-chroot-exec``) is
-signalled directly and forwards to the engine as it does under ``frank serve``. podman and
-docker proxy signals from their client to the container themselves.
+signalled directly and forwards to the engine as it does under ``frank serve``. podman
+proxies signals from its client to the container itself; a docker container is signalled
+through the daemon (``run.dockerrun.ContainerProcess``), its docker-init passing them on.
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
-from typing import IO
+from typing import IO, Any
 
 from frank.errors import FrankError
 from frank.run import launch
-from frank.run.container import RunPlan
+from frank.run.container import RUN_CACHE_IN_CONTAINER, RunPlan
 
 STOP_GRACE_S = 20.0
 # What buildah itself says when the container exits non-zero: not the container's words.
@@ -136,6 +137,7 @@ class Runner:
         self.image_name: str | None = None
         self.cleaning = False
         self.pumps: list[threading.Thread] = []
+        self.docker: Any = None  # the SDK's client, for engine docker
 
     def _signal(self, signum: int, _frame: FrameType | None) -> None:
         if self.proc is None and not self.cleaning:
@@ -148,6 +150,9 @@ class Runner:
 
     def _forward(self, signum: int) -> None:
         assert self.proc is not None
+        if self.plan.engine == "docker":
+            self.proc.send_signal(signum)
+            return
         target = self.proc.pid
         if self.plan.engine == "buildah":
             target = entrypoint_pid(self.proc.pid) or target
@@ -156,6 +161,9 @@ class Runner:
 
     def _kill(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
+            return
+        if self.plan.engine == "docker":
+            self.proc.kill()
             return
         for pid in [*reversed(descendants(self.proc.pid)), self.proc.pid]:
             with contextlib.suppress(ProcessLookupError):
@@ -201,6 +209,9 @@ class Runner:
             if link.resolve() != Path(self.plan.layout).resolve():
                 link.unlink()
                 link.symlink_to(self.plan.layout)
+        if self.plan.engine == "docker":
+            self._start_docker()
+            return
         for cmd in self.plan.prepare:
             _quiet(cmd, f"{Path(cmd[0]).name}, preparing the container")
         self._remember_image()
@@ -213,6 +224,26 @@ class Runner:
                                            strict=True)]
         for t in self.pumps:
             t.start()
+
+    def _start_docker(self) -> None:
+        """Load the image into the daemon (id checked) and start its container."""
+        from frank.run import dockerrun
+        from frank.run.container import docker_tag
+
+        assert self.plan.docker is not None and self.plan.run_cache is not None
+        self.docker = dockerrun.client()
+        loaded = dockerrun.load_layout(self.docker, Path(self.plan.layout),
+                                       docker_tag(self.plan.image), self.plan.image,
+                                       progress=lambda m: print(f"frank: {m}", file=sys.stderr,
+                                                                flush=True))
+        mounts = [(self.plan.run_cache, RUN_CACHE_IN_CONTAINER, False),
+                  *((m.host, m.container, True) for m in self.plan.mounts)]
+        kwargs = dockerrun.create_kwargs(self.plan.docker, name=self.plan.container,
+                                         env=self.plan.env, mounts=mounts)
+        outs = (self.output or sys.stdout.buffer, self.output or sys.stderr.buffer)
+        proc, pump = dockerrun.start(loaded, self.docker, kwargs, outs, self.tail.append)
+        self.proc = proc  # type: ignore[assignment]  # Popen's poll/wait/signal, see dockerrun
+        self.pumps = [pump]
 
     def finish(self) -> None:
         """Stop the container (SIGTERM, then SIGKILL after the grace) and remove it."""
@@ -265,6 +296,12 @@ class Runner:
         self.image_name = proc.stdout.strip() or None
 
     def _clean(self) -> None:
+        if self.plan.engine == "docker":
+            if self.docker is not None:
+                from frank.run.dockerrun import remove
+
+                remove(self.docker, self.plan.container)
+            return
         for cmd in self.plan.cleanup:
             subprocess.run(cmd, capture_output=True, check=False)
         # buildah keeps the imported image, named by its digest, for the next run (the
