@@ -1,0 +1,230 @@
+"""Docker as an engine, through the docker SDK, against a real daemon started for this session.
+
+What is checked on the daemon itself: an image frank loads gets the layout's config digest
+as its id (a layout whose config lies about a layer's diff_id is refused by the daemon, and
+a blob changed after the manifest was read stops the stream); the lock's GPUs become a device
+request on the container; and served-cpu, built by frank, runs under `frank run --engine
+docker` end to end: a chat completion with the patch's header, then SIGTERM, a clean exit
+and no container left. Slow (one engine start, about 2-3 minutes on 2 cores; the image
+layers come from the session's cache when test_served_cpu built them first).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import itertools
+import json
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from frank.errors import FrankError
+from tests.docker_daemon import dockerd, why_not
+from tests.fixtures.local_hub import publish
+from tests.fixtures.tiny_model import build_tiny_model
+from tests.spine_helpers import copy_repo, frank
+from tests.vllm_server import free_port
+
+pytestmark = [pytest.mark.slow]
+
+STACK = "stacks/docker-cpu.toml"
+
+
+@pytest.fixture(scope="session")
+def docker_host() -> Iterator[str]:
+    why = why_not()
+    if why:
+        pytest.skip(why)
+    with dockerd() as host:
+        yield host
+
+
+@pytest.fixture
+def client(docker_host: str) -> Iterator[Any]:
+    import docker
+
+    c = docker.DockerClient(base_url=docker_host, timeout=600)
+    yield c
+    c.close()
+
+
+def tiny_layout(out: Path, *, diff_id: str | None = None, text: bytes = b"hello\n") -> Path:
+    """A one-layer OCI layout (frank's form: canonical JSON, an uncompressed layer)."""
+    from frank.image.oci import canonical_json
+
+    blobs = out / "blobs" / "sha256"
+    blobs.mkdir(parents=True)
+
+    def put(data: bytes) -> str:
+        digest = hashlib.sha256(data).hexdigest()
+        (blobs / digest).write_bytes(data)
+        return f"sha256:{digest}"
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("hello.txt")
+        info.size = len(text)
+        tar.addfile(info, io.BytesIO(text))
+    layer = buf.getvalue()
+    ldig = put(layer)
+    config = canonical_json({"architecture": "amd64", "os": "linux",
+                             "config": {"Cmd": ["/hello"]},
+                             "rootfs": {"type": "layers", "diff_ids": [diff_id or ldig]}})
+    cdig = put(config)
+    manifest = canonical_json({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": cdig,
+                   "size": len(config)},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": ldig,
+                    "size": len(layer)}]})
+    mdig = put(manifest)
+    (out / "oci-layout").write_bytes(canonical_json({"imageLayoutVersion": "1.0.0"}))
+    (out / "index.json").write_bytes(canonical_json({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
+                       "digest": mdig, "size": len(manifest)}]}))
+    return out
+
+
+def config_digest(layout: Path) -> str:
+    from frank.image.oci import resolve_manifest
+
+    return str(resolve_manifest(layout)[2]["config"]["digest"])
+
+
+def test_a_loaded_image_has_the_config_digest_as_its_id(client: Any, tmp_path: Path) -> None:
+    from frank.build.dockerapi import load_layout
+
+    layout = tiny_layout(tmp_path / "ok")
+    loaded = load_layout(client, layout, "frank-test:tiny", reuse=False)
+    assert loaded.id == config_digest(layout) == client.images.get("frank-test:tiny").id
+    assert not loaded.reused
+    again = load_layout(client, layout, "frank-test:tiny")
+    assert again.reused and again.id == loaded.id
+
+
+def test_the_daemon_refuses_a_config_that_lies_about_a_layer(client: Any,
+                                                             tmp_path: Path) -> None:
+    from frank.build.dockerapi import load_layout
+
+    layout = tiny_layout(tmp_path / "lie", diff_id="sha256:" + "0" * 64)
+    with pytest.raises(FrankError, match="invalid diffID for layer 0"):
+        load_layout(client, layout, "frank-test:lie", reuse=False)
+
+
+def test_a_layer_changed_after_the_manifest_was_read_stops_the_load(client: Any,
+                                                                    tmp_path: Path) -> None:
+    from frank.image.dockerarchive import docker_archive
+
+    layout = tiny_layout(tmp_path / "edit")
+    stream = docker_archive(layout, "frank-test:edit")
+    head = next(stream)  # the manifest is read and checked; now a layer is edited
+    layer = next(p for p in (layout / "blobs" / "sha256").iterdir() if p.stat().st_size > 1000)
+    data = bytearray(layer.read_bytes())
+    data[600] ^= 1
+    layer.write_bytes(bytes(data))
+    with pytest.raises(FrankError, match="changed while it was sent"):
+        client.api.load_image(itertools.chain([head], stream))
+    assert not [i for i in client.images.list() if "frank-test:edit" in i.tags]
+
+
+def test_the_locks_gpus_become_a_device_request(client: Any, tmp_path: Path) -> None:
+    """Made, not started: this daemon has no NVIDIA runtime (and this machine no GPU)."""
+    from frank.build.dockerapi import load_layout
+    from frank.run.dockerrun import DockerSpec, create_kwargs
+
+    loaded = load_layout(client, tiny_layout(tmp_path / "gpu"), "frank-test:gpu")
+    spec = DockerSpec(command=["--x"], network="none", port=8000, shm_size="2g", gpus=2)
+    kw = create_kwargs(spec, name="frank-test-gpu", env={"A": "1"},
+                       mounts=[(str(tmp_path), "/data", True)])
+    ctr = client.containers.create(loaded.ref, **kw)
+    try:
+        host = client.api.inspect_container(ctr.id)["HostConfig"]
+        [req] = host["DeviceRequests"]
+        assert (req["Count"], req["Capabilities"], req["Driver"]) == (2, [["gpu"]], "")
+        assert host["ShmSize"] == 2 << 30 and host["NetworkMode"] == "none"
+        assert host["Init"] is True
+        assert host["Mounts"][0]["ReadOnly"] is True
+    finally:
+        ctr.remove(force=True)
+    no_gpu = create_kwargs(DockerSpec(command=[], network="host", port=1), name="x", env={},
+                           mounts=[])
+    assert "device_requests" not in no_gpu
+
+
+# ----------------------------------------------------------------------------------------------
+# served-cpu end to end
+
+
+@pytest.fixture(scope="module")
+def served_repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, Path]:
+    port = free_port()
+    root = copy_repo(tmp_path_factory.mktemp("docker-cpu") / "repo")
+    (root / STACK).write_text(f'extends = "served-cpu.toml"\n[flags]\nport = {port}\n')
+    assert frank("lock", STACK, cwd=root).code == 0
+    out = frank("compose", STACK, "--json", cwd=root)
+    assert out.code == 0, out.err
+    base = tmp_path_factory.mktemp("docker-cpu-hub")
+    publish(build_tiny_model(base / "model"), base / "hub", "frank-test/tiny-llama")
+    return root, port, base / "hub"
+
+
+def chat(port: int) -> tuple[dict[str, Any], dict[str, str]]:
+    body = {"model": "tiny-llama", "max_tokens": 4,
+            "messages": [{"role": "user", "content": "say hi"}]}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions",
+                                 data=json.dumps(body).encode(),
+                                 headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        return json.loads(resp.read()), {k.lower(): v for k, v in resp.headers.items()}
+
+
+def test_served_cpu_runs_under_docker_end_to_end(served_repo: tuple[Path, int, Path],
+                                                 docker_host: str, client: Any,
+                                                 tmp_path: Path) -> None:
+    import os
+
+    root, port, hub = served_repo
+    log = tmp_path / "run.log"
+    env = {**os.environ, "DOCKER_HOST": docker_host}
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "frank", "run", STACK, "--engine",
+                                 "docker", "--hub-cache", str(hub), "--wait-ready", "400"],
+                                cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 460
+        while "frank: ready: docker-cpu" not in log.read_text(errors="replace"):
+            assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+            time.sleep(1)
+        reply, headers = chat(port)
+        assert reply["choices"][0]["message"]["content"]
+        assert headers["x-frank-patch"] == "patch-header/1"  # the patched engine is what runs
+        # the container runs the image the daemon holds under the layout's config digest
+        layout = root / "out" / "docker-cpu" / "image"
+        ctrs = client.containers.list(filters={"label": "dev.frank.image"})
+        assert len(ctrs) == 1
+        ctr = ctrs[0]
+        assert ctr.attrs["Image"] == config_digest(layout)
+        host = ctr.attrs["HostConfig"]
+        assert host["NetworkMode"] == "host" and host["ShmSize"] == 1 << 30
+        assert {m["Destination"]: m["RW"] for m in ctr.attrs["Mounts"]}["/frank/hub"] is False
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log.read_text(errors="replace")[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log.read_text(errors="replace")
+    assert "frank: weights verified: tiny-llama" in text
+    assert "shutdown" in text.lower()  # the engine saw the SIGTERM and shut down itself
+    assert client.containers.list(all=True, filters={"label": "dev.frank.image"}) == []
