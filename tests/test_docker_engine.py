@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from frank.errors import FrankError
+from frank.image.oci import resolve_manifest
 from tests.docker_daemon import dockerd, why_not
 from tests.fixtures.local_hub import publish
 from tests.fixtures.tiny_model import build_tiny_model
@@ -96,8 +97,6 @@ def tiny_layout(out: Path, *, diff_id: str | None = None, text: bytes = b"hello\
 
 
 def config_digest(layout: Path) -> str:
-    from frank.image.oci import resolve_manifest
-
     return str(resolve_manifest(layout)[2]["config"]["digest"])
 
 
@@ -171,8 +170,9 @@ def served_repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, Pa
     root = copy_repo(tmp_path_factory.mktemp("docker-cpu") / "repo")
     (root / STACK).write_text(f'extends = "served-cpu.toml"\n[flags]\nport = {port}\n')
     assert frank("lock", STACK, cwd=root).code == 0
-    out = frank("compose", STACK, "--json", cwd=root)
-    assert out.code == 0, out.err
+    out = subprocess.run([sys.executable, "-m", "frank", "compose", STACK, "--json"], cwd=root,
+                         capture_output=True, text=True, timeout=1200)  # cold: wheels fetched
+    assert out.returncode == 0, out.stderr
     base = tmp_path_factory.mktemp("docker-cpu-hub")
     publish(build_tiny_model(base / "model"), base / "hub", "frank-test/tiny-llama")
     return root, port, base / "hub"
@@ -225,6 +225,9 @@ def test_served_cpu_runs_under_docker_end_to_end(served_repo: tuple[Path, int, P
             proc.kill()
             proc.wait()
     text = log.read_text(errors="replace")
+    # one ready line, the image and the lock each labelled (the launcher's own is not passed on)
+    [ready] = [ln for ln in text.splitlines() if "frank: ready:" in ln]
+    assert f"image {resolve_manifest(layout)[0]} lock sha256:" in ready
     assert "frank: weights verified: tiny-llama" in text
     assert "shutdown" in text.lower()  # the engine saw the SIGTERM and shut down itself
     assert client.containers.list(all=True, filters={"label": "dev.frank.image"}) == []

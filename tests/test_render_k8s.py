@@ -64,7 +64,8 @@ def test_push_records_what_the_registry_holds(repo: Path, tmp_path: Path) -> Non
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     os.environ["PATH"] = f"{bin_dir}:{os.environ['PATH']}"
     try:
-        res = frank("push", "served", "--to", "reg.example/frank/served", cwd=repo)
+        res = frank("push", "--compression", "none",
+                    "served", "--to", "reg.example/frank/served", cwd=repo)
     finally:
         os.environ["PATH"] = os.environ["PATH"].split(":", 1)[1]
     assert res.code == 0, res.err

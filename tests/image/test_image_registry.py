@@ -44,8 +44,8 @@ def test_push_pull_roundtrip(registry: str, built: tuple[Path, str], tmp_path: P
 def test_push_cli_and_inspect_cli(registry: str, built: tuple[Path, str]) -> None:
     layout, digest = built
     runner = CliRunner()
-    r = runner.invoke(cli, ["push", "stacks/demo.toml", "--to", f"{registry}/frank/cli",
-                            "--layout", str(layout)])
+    r = runner.invoke(cli, ["push", "--compression", "none", "stacks/demo.toml", "--to",
+                            f"{registry}/frank/cli", "--layout", str(layout)])
     assert r.exit_code == 0, r.output
     assert r.output.splitlines()[0] == f"{registry}/frank/cli@{digest}"
     assert f"{registry}/frank/cli:demo" in r.output

@@ -17,7 +17,7 @@ layout's config and file systems; any other id is refused.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -151,18 +151,6 @@ def load_layout(c: docker.DockerClient, layout: Path, tag: str, digest: str | No
                          f"(its answer: {json.dumps(messages)[:200]})", file=layout) from None
     check_image_id(found, mdigest, cdigest, layout)
     return LoadedImage(found, mdigest, cdigest, tag, False)
-
-
-def stream_lines(chunks: Iterator[bytes]) -> Iterator[str]:
-    """Whole lines from a stream of byte chunks (a container's output, a build's log)."""
-    rest = b""
-    for chunk in chunks:
-        rest += chunk
-        *lines, rest = rest.split(b"\n")
-        for line in lines:
-            yield line.decode(errors="replace")
-    if rest:
-        yield rest.decode(errors="replace")
 
 
 def info(c: docker.DockerClient) -> dict[str, Any]:

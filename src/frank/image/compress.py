@@ -23,6 +23,11 @@ Reproducibility, per compression:
 
 Compressed blobs are kept in the frank cache by (diff_id, compressor), and checked before
 each reuse: the blob hashes to its name and decompresses to bytes that hash to the diff_id.
+
+Each compressed layer's descriptor carries the uncompressed size (``UNCOMPRESSED_SIZE``), so
+the uncompressed form's manifest, and its digest, can be rebuilt from the pushed manifest and
+config alone (``uncompressed_form_digest``): that is how ``frank verify`` matches a pushed
+compressed image with attestations signed for the layout's digest.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import os
 import tempfile
 import zlib
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Literal
@@ -49,6 +55,7 @@ GZIP_LEVEL = 6
 TAR = "application/vnd.oci.image.layer.v1.tar"
 MEDIA_TYPES = {"zstd": f"{TAR}+zstd", "gzip": f"{TAR}+gzip", "none": TAR}
 _CHUNK = 1 << 20
+UNCOMPRESSED_SIZE = "dev.frank.uncompressed-size"
 
 
 def compressor_id(kind: Compression) -> str:
@@ -235,51 +242,74 @@ def image_form(layout: Path, kind: Compression, cache: Path, *,
     kept = _Kept(cache, kind)
     out: dict[str, Any] = json.loads(raw)
     form = Form(kind, compressor_id(kind), "", b"", blobs)
-    layers = []
-    for i, desc in enumerate(manifest["layers"]):
-        if desc.get("mediaType") != TAR:
-            raise FrankError(f"layer {i} is {desc.get('mediaType')}, not an uncompressed tar: "
-                             "frank compresses only the layers it keeps uncompressed",
-                             file=layout)
-        diff_id, size = str(desc["digest"]), int(desc["size"])
+    descs = list(manifest["layers"])
+    for i, desc in enumerate(descs):
+        if desc.get("mediaType") != TAR or desc.get("annotations"):
+            raise FrankError(f"layer {i} is not a plain uncompressed tar descriptor: frank "
+                             "compresses only the layers it keeps uncompressed", file=layout)
+
+    def one(i: int) -> tuple[str, Path, bool]:
+        diff_id, size = str(descs[i]["digest"]), int(descs[i]["size"])
         got = kept.get(diff_id)
-        if got is None:
-            if progress:
-                progress(f"compressing layer {i + 1}/{len(manifest['layers'])} "
-                         f"({size / 1e6:.0f} MB, {kind})")
-            src_path = layout_blob_path(layout, diff_id)
+        if got is not None:
+            return (*got, False)
+        if progress:
+            progress(f"compressing layer {i + 1}/{len(descs)} ({size / 1e6:.0f} MB, {kind})")
+        src_path = layout_blob_path(layout, diff_id)
 
-            def make(dest: IO[bytes], src_path: Path = src_path, size: int = size
-                     ) -> tuple[str, int, str]:
-                with src_path.open("rb") as src:
-                    return compress_stream(kind, src, size, dest)
+        def make(dest: IO[bytes]) -> tuple[str, int, str]:
+            with src_path.open("rb") as src:
+                return compress_stream(kind, src, size, dest)
 
-            got = kept.put(diff_id, make)
-            form.layers_compressed += 1
-        cdigest, cpath = got
+        return (*kept.put(diff_id, make), True)
+
+    # zstd runs its own worker threads per layer; zlib has none, so gzip compresses one layer
+    # per core at once (zlib lets go of the GIL while it works)
+    workers = 1 if kind == "zstd" else threads()
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        done = list(pool.map(one, range(len(descs))))
+    layers = []
+    for desc, (cdigest, cpath, made) in zip(descs, done, strict=True):
         csize = cpath.stat().st_size
+        form.layers_compressed += made
         layers.append({**desc, "mediaType": MEDIA_TYPES[kind], "digest": cdigest,
-                       "size": csize})
+                       "size": csize, "annotations": {UNCOMPRESSED_SIZE: str(desc["size"])}})
         form.blobs[cdigest] = cpath
         form.compressed_bytes += csize
-        form.uncompressed_bytes += size
+        form.uncompressed_bytes += int(desc["size"])
     out["layers"] = layers
     form.manifest = canonical_json(out)
     form.digest = f"sha256:{hashlib.sha256(form.manifest).hexdigest()}"
     return form
 
 
-def uncompressed_form_digest(manifest: dict[str, Any], config: dict[str, Any],
-                             sizes: dict[str, int]) -> str | None:
-    """The digest the uncompressed form of a pushed manifest has, given each diff_id's size
-    (from the layout or the attestation), or None when a size is unknown."""
+def uncompressed_form_digest(manifest: dict[str, Any], config: dict[str, Any]) -> str | None:
+    """The digest of the uncompressed form a compressed manifest (``image_form``) was made
+    from: each layer back to an uncompressed tar named by its diff_id, with the size the
+    layer's annotation gives. None when the manifest is not such a form."""
     diff_ids = list((config.get("rootfs") or {}).get("diff_ids") or [])
-    if len(diff_ids) != len(manifest.get("layers") or []):
+    descs = list(manifest.get("layers") or [])
+    if not descs or len(diff_ids) != len(descs):
         return None
     layers = []
-    for desc, diff_id in zip(manifest["layers"], diff_ids, strict=True):
-        if diff_id not in sizes:
+    for desc, diff_id in zip(descs, diff_ids, strict=True):
+        notes = desc.get("annotations") or {}
+        size = str(notes.get(UNCOMPRESSED_SIZE, ""))
+        if desc.get("mediaType") not in (MEDIA_TYPES["zstd"], MEDIA_TYPES["gzip"]) or \
+                set(notes) != {UNCOMPRESSED_SIZE} or not size.isdigit():
             return None
-        layers.append({**desc, "mediaType": TAR, "digest": diff_id, "size": sizes[diff_id]})
+        plain = {k: v for k, v in desc.items() if k != "annotations"}
+        layers.append({**plain, "mediaType": TAR, "digest": diff_id, "size": int(size)})
     raw = canonical_json({**manifest, "layers": layers})
     return f"sha256:{hashlib.sha256(raw).hexdigest()}"
+
+
+def decompress_bytes(media_type: str, data: bytes) -> bytes:
+    """A layer blob's tar bytes, whichever of frank's forms it is in."""
+    if media_type == MEDIA_TYPES["zstd"]:
+        import zstandard
+
+        return zstandard.ZstdDecompressor().decompressobj().decompress(data)
+    if media_type == MEDIA_TYPES["gzip"]:
+        return zlib.decompress(data, 31)
+    return data

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
-from frank.build.dockerapi import LoadedImage, client, load_layout, stream_lines
+from frank.build.dockerapi import LoadedImage, client, load_layout
 from frank.errors import FrankError
 
 if TYPE_CHECKING:
@@ -140,23 +140,29 @@ class ContainerProcess:
 
 
 def _pump(container: Container, outs: tuple[IO[bytes], IO[bytes]],
-          keep: Callable[[str], None]) -> None:
-    """The container's stdout and stderr to ours, line by line (from its first line: the
-    attach replays what was written before it)."""
+          keep: Callable[[str], bool]) -> None:
+    """The container's stdout and stderr to ours, whole lines, each passed on only when
+    ``keep`` says so (from its first line: the attach replays what came before it)."""
     stream = container.attach(stdout=True, stderr=True, stream=True, logs=True, demux=True)
-    for out, err in stream:
-        for data, dest in ((out, outs[0]), (err, outs[1])):
-            if data:
-                dest.write(data)
-                dest.flush()
-                for line in stream_lines(iter([data])):
-                    if line.strip():
-                        keep(line.strip())
+    rest = [b"", b""]
+    for pair in stream:
+        for i, data in enumerate(pair):
+            if not data:
+                continue
+            *lines, rest[i] = (rest[i] + data).split(b"\n")
+            for line in lines:
+                if keep(line.decode(errors="replace").strip()):
+                    outs[i].write(line + b"\n")
+                    outs[i].flush()
+    for i, data in enumerate(rest):
+        if data and keep(data.decode(errors="replace").strip()):
+            outs[i].write(data + b"\n")
+            outs[i].flush()
 
 
 def start(loaded: LoadedImage, c: docker.DockerClient, kwargs: dict[str, Any],
           outs: tuple[IO[bytes], IO[bytes]],
-          keep: Callable[[str], None]) -> tuple[ContainerProcess, threading.Thread]:
+          keep: Callable[[str], bool]) -> tuple[ContainerProcess, threading.Thread]:
     """Create and start the container; its output is pumped by the returned thread."""
     from docker.errors import APIError
 

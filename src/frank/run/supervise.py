@@ -36,6 +36,9 @@ STOP_GRACE_S = 20.0
 _ENGINE_NOISE = re.compile(r"subprocess exited (with status -?\d+|on \w+)|"
                            r"Error: (exit status -?\d+|signal: \w+)")
 _CHROOT_EXEC = "buildah-chroot-exec"
+# The launcher's own ready line inside the container (stack and lock digest only): frank run
+# prints one ready line instead, naming the image and the lock, each labelled.
+_LAUNCHER_READY = re.compile(r"frank: ready: \S+ \(sha256:[0-9a-f]{64}\) on \S+")
 
 
 class _Interrupted(Exception):
@@ -91,16 +94,23 @@ def _parent(pid: int) -> int | None:
         return None
 
 
+def _passed(text: str, tail: collections.deque[str]) -> bool:
+    """Whether a container's line is passed on (not buildah's own exit notes, not the
+    launcher's ready line); the passed ones are kept as the last lines for errors."""
+    if _ENGINE_NOISE.fullmatch(text) or _LAUNCHER_READY.fullmatch(text):
+        return False
+    if text:
+        tail.append(text)
+    return True
+
+
 def _pump(src: IO[bytes], dest: IO[bytes], tail: collections.deque[str]) -> None:
-    """Pass the container's lines on (not buildah's own exit notes), keeping the last."""
+    """Pass the container's lines on (see ``_passed``), keeping the last."""
     for line in iter(src.readline, b""):
-        text = line.decode(errors="replace").strip()
-        if _ENGINE_NOISE.fullmatch(text):
+        if not _passed(line.decode(errors="replace").strip(), tail):
             continue
         dest.write(line)
         dest.flush()
-        if text:
-            tail.append(text)
 
 
 def _quiet(cmd: list[str], what: str) -> str:
@@ -241,7 +251,8 @@ class Runner:
         kwargs = dockerrun.create_kwargs(self.plan.docker, name=self.plan.container,
                                          env=self.plan.env, mounts=mounts)
         outs = (self.output or sys.stdout.buffer, self.output or sys.stderr.buffer)
-        proc, pump = dockerrun.start(loaded, self.docker, kwargs, outs, self.tail.append)
+        proc, pump = dockerrun.start(loaded, self.docker, kwargs, outs,
+                                     lambda text: _passed(text, self.tail))
         self.proc = proc  # type: ignore[assignment]  # Popen's poll/wait/signal, see dockerrun
         self.pumps = [pump]
 
@@ -256,9 +267,10 @@ class Runner:
         assert self.proc is not None
         start = time.monotonic()
         if launch.wait_ready(self.plan.url, self.proc, self.ready_timeout):
-            ready = (f"frank: ready: {self.plan.stack} image {self.plan.image} on "
-                     f"{self.plan.url.removesuffix('/health')} ({time.monotonic() - start:.1f}"
-                     f" s, container {self.plan.container} via {self.plan.engine})")
+            ready = (f"frank: ready: {self.plan.stack} image {self.plan.image} lock "
+                     f"{self.plan.lock_digest} on {self.plan.url.removesuffix('/health')} "
+                     f"({time.monotonic() - start:.1f} s, container {self.plan.container} "
+                     f"via {self.plan.engine})")
             if self.output is not None:
                 self.output.write(ready.encode() + b"\n")
                 self.output.flush()
