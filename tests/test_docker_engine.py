@@ -11,14 +11,11 @@ layers come from the session's cache when test_served_cpu built them first).
 
 from __future__ import annotations
 
-import hashlib
-import io
 import itertools
 import json
 import signal
 import subprocess
 import sys
-import tarfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -32,6 +29,7 @@ from frank.image.oci import resolve_manifest
 from tests.docker_daemon import dockerd, why_not
 from tests.fixtures.local_hub import publish
 from tests.fixtures.tiny_model import build_tiny_model
+from tests.oci_helpers import tar_of, write_layout
 from tests.spine_helpers import copy_repo, frank
 from tests.vllm_server import free_port
 
@@ -58,42 +56,10 @@ def client(docker_host: str) -> Iterator[Any]:
     c.close()
 
 
-def tiny_layout(out: Path, *, diff_id: str | None = None, text: bytes = b"hello\n") -> Path:
-    """A one-layer OCI layout (frank's form: canonical JSON, an uncompressed layer)."""
-    from frank.image.oci import canonical_json
-
-    blobs = out / "blobs" / "sha256"
-    blobs.mkdir(parents=True)
-
-    def put(data: bytes) -> str:
-        digest = hashlib.sha256(data).hexdigest()
-        (blobs / digest).write_bytes(data)
-        return f"sha256:{digest}"
-
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        info = tarfile.TarInfo("hello.txt")
-        info.size = len(text)
-        tar.addfile(info, io.BytesIO(text))
-    layer = buf.getvalue()
-    ldig = put(layer)
-    config = canonical_json({"architecture": "amd64", "os": "linux",
-                             "config": {"Cmd": ["/hello"]},
-                             "rootfs": {"type": "layers", "diff_ids": [diff_id or ldig]}})
-    cdig = put(config)
-    manifest = canonical_json({
-        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": cdig,
-                   "size": len(config)},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": ldig,
-                    "size": len(layer)}]})
-    mdig = put(manifest)
-    (out / "oci-layout").write_bytes(canonical_json({"imageLayoutVersion": "1.0.0"}))
-    (out / "index.json").write_bytes(canonical_json({
-        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
-        "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
-                       "digest": mdig, "size": len(manifest)}]}))
-    return out
+def tiny_layout(out: Path, *, diff_id: str | None = None) -> Path:
+    """A one-layer layout (frank's form); ``diff_id`` makes its config lie about the layer."""
+    return write_layout(out, [tar_of({"hello.txt": b"hello\n" * 1000})],
+                        diff_ids=[diff_id] if diff_id else None)
 
 
 def config_digest(layout: Path) -> str:

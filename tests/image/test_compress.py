@@ -4,56 +4,26 @@ of zstd threads and any cache, the uncompressed digest recoverable, kept blobs c
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import random
-import tarfile
 from pathlib import Path
 
 import pytest
 
 from frank.image import compress
 from frank.image.compress import image_form, uncompressed_form_digest
-from frank.image.oci import canonical_json, resolve_manifest
+from frank.image.oci import resolve_manifest
+from tests.oci_helpers import tar_of, write_layout
 
 
 def layout_with(out: Path, sizes: list[int]) -> Path:
-    """An OCI layout (frank's form) with one tar layer per size of half-compressible data."""
-    blobs = out / "blobs" / "sha256"
-    blobs.mkdir(parents=True)
-
-    def put(data: bytes) -> str:
-        digest = hashlib.sha256(data).hexdigest()
-        (blobs / digest).write_bytes(data)
-        return f"sha256:{digest}"
-
+    """A layout with one tar layer per size of half-compressible data."""
     rng = random.Random(42)
     words = [rng.randbytes(rng.randint(3, 12)) for _ in range(4000)]
-    layers = []
-    for n, size in enumerate(sizes):
-        body = b" ".join(rng.choice(words) for _ in range(size // 8))[:size]
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-            info = tarfile.TarInfo(f"layer{n}.bin")
-            info.size = len(body)
-            tar.addfile(info, io.BytesIO(body))
-        layers.append(buf.getvalue())
-    descs = [{"mediaType": compress.TAR, "digest": put(x), "size": len(x)} for x in layers]
-    config = canonical_json({"architecture": "amd64", "os": "linux", "config": {},
-                             "rootfs": {"type": "layers",
-                                        "diff_ids": [d["digest"] for d in descs]}})
-    manifest = canonical_json({
-        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
-                   "digest": put(config), "size": len(config)},
-        "layers": descs, "annotations": {"dev.frank.lock.digest": "sha256:" + "1" * 64}})
-    mdig = put(manifest)
-    (out / "oci-layout").write_bytes(canonical_json({"imageLayoutVersion": "1.0.0"}))
-    (out / "index.json").write_bytes(canonical_json({
-        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
-        "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
-                       "digest": mdig, "size": len(manifest)}]}))
-    return out
+    layers = [tar_of({f"layer{n}.bin": b" ".join(rng.choice(words)
+                                                 for _ in range(size // 8))[:size]})
+              for n, size in enumerate(sizes)]
+    return write_layout(out, layers, annotations={"dev.frank.lock.digest": "sha256:" + "1" * 64})
 
 
 @pytest.fixture(scope="module")
