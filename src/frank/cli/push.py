@@ -55,7 +55,7 @@ def push(stack: str, to: str, layout: Path | None, tags: tuple[str, ...],
     )
     from frank.resolve.project import repo_root_for, stack_path
     from frank.ship.attest.layout import about, read_referrers
-    from frank.ship.attest.remote import push_cosign_tag, push_referrers
+    from frank.ship.attest.remote import Registry, push_cosign_tag, push_referrers
     from frank.ship.pushes import PushRecord, record_push
     from frank.store.blobs import BlobStore
 
@@ -67,6 +67,12 @@ def push(stack: str, to: str, layout: Path | None, tags: tuple[str, ...],
         raise FrankError("no composed image here; run frank compose first", file=layout)
     all_tags = list(dict.fromkeys([*default_tags(layout, stack), *tags]))
     check_repository(to)
+    if compression != "none":  # before minutes of compression, a registry not there: one line
+        reg = Registry(to.split("/", 1)[0])
+        try:
+            reg.request("GET", reg.url("/v2/"))
+        except FrankError as exc:
+            raise FrankError(f"push to {to} failed: {exc.message}") from None
     start = time.monotonic()
     form = image_form(layout, cast(Compression, compression),
                       BlobStore().root / "compressed", progress=progress)
