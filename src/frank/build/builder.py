@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from frank.image.progress import status
 from frank.build.context import stage_layer
 from frank.errors import FrankError
 from frank.hashing import sha256_json
@@ -104,9 +105,9 @@ def build_oci(plan: BuildPlan, root: Path, out: Path, *, log: Path,
     for layer, spec_layer in missing:
         with tempfile.TemporaryDirectory(dir=store.tmp_dir, prefix="stage-") as tmp:
             staging = Path(tmp)
-            with console.status(f"layer {layer.index}: {layer.name}: assembling"):
+            with status(console, f"layer {layer.index}: {layer.name}: assembling"):
                 assemble_layer(layer, plan, root, staging, fetcher, log)
-            with console.status(f"layer {layer.index}: {layer.name}: writing the tar"):
+            with status(console, f"layer {layer.index}: {layer.name}: writing the tar"):
                 build_layer(store, LayerInput(name=layer.name, key=spec_layer.key,
                                               entries=((staging, "/"),)),
                             plan.source_date_epoch)
