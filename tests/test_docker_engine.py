@@ -197,3 +197,26 @@ def test_served_cpu_runs_under_docker_end_to_end(served_repo: tuple[Path, int, P
     assert "frank: weights verified: tiny-llama" in text
     assert "shutdown" in text.lower()  # the engine saw the SIGTERM and shut down itself
     assert client.containers.list(all=True, filters={"label": "dev.frank.image"}) == []
+
+
+def test_builder_docker_without_buildkit_says_so_before_any_work(
+        docker_host: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Debian's docker.io has the legacy builder only, which has no --secret."""
+    import shutil
+
+    from frank.build.engines import build_dockerfile, get_engine
+    from frank.store.blobs import BlobStore
+
+    if shutil.which("docker") is None:
+        pytest.skip("needs the docker CLI")
+    if subprocess.run(["docker", "buildx", "version"], capture_output=True).returncode == 0:
+        pytest.skip("this docker has BuildKit")
+    monkeypatch.setenv("DOCKER_HOST", docker_host)
+    engine = get_engine("docker", BlobStore(tmp_path / "cache"))
+    (tmp_path / "ctx").mkdir()
+    (tmp_path / "ctx" / "Dockerfile").write_text("FROM scratch\n")
+    with pytest.raises(FrankError, match="docker builds need BuildKit"):
+        build_dockerfile(engine, tmp_path / "ctx", tmp_path / "out",
+                         base_layout=tmp_path / "nowhere", base_digest="sha256:" + "0" * 64,
+                         source_date_epoch=0)
+    assert not (tmp_path / "out").exists()
