@@ -12,6 +12,12 @@ config (Docker's classic image store) or of its manifest (the containerd image s
 it refuses a layer whose content does not hash to the config's ``diff_ids``. So an image
 whose id the daemon reports as the layout's config (or manifest) digest holds exactly the
 layout's config and file systems; any other id is refused.
+
+What a caller that checks engine storage needs (``load_layout``): ``reuse=True`` starts an
+image the daemon already holds under the expected id without sending it again (the daemon's
+id is its own hash of the config, and it checked the layers against the diff_ids when they
+came in; the same trust as buildah's kept image per digest); ``reuse=False`` always streams
+the layout, checked blob by blob on the way, and the daemon checks it again.
 """
 
 from __future__ import annotations
