@@ -17,6 +17,17 @@ import click
 from frank.errors import FrankError
 
 
+def registry_message(body: bytes) -> str:
+    """The registry's own words from an error body (``{"errors": [{"message": ...}]}``)."""
+    import json
+
+    try:
+        errors = json.loads(body).get("errors") or []
+        return "; ".join(str(e.get("message", "")) for e in errors if isinstance(e, dict))
+    except (ValueError, AttributeError):
+        return ""
+
+
 def progress(line: str) -> None:
     """A plain progress line on stderr (a terminal or a log alike)."""
     click.echo(f"frank: {line}", err=True)
@@ -70,9 +81,14 @@ def push(stack: str, to: str, layout: Path | None, tags: tuple[str, ...],
     if compression != "none":  # before minutes of compression, a registry not there: one line
         reg = Registry(to.split("/", 1)[0])
         try:
-            reg.request("GET", reg.url("/v2/"))
+            status, _, body = reg.request("GET", reg.url("/v2/"))
         except FrankError as exc:
             raise FrankError(f"push to {to} failed: {exc.message}") from None
+        if status == 401:
+            raise FrankError(f"push to {to} failed: the registry asks for a login and has "
+                             f"none from you ({registry_message(body) or 'HTTP 401'}): log in "
+                             "(`skopeo login`), or run a registry without auth (README: a "
+                             "local registry)")
     start = time.monotonic()
     form = image_form(layout, cast(Compression, compression),
                       BlobStore().root / "compressed", progress=progress)

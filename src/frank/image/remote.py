@@ -76,7 +76,11 @@ def _tls_flags(ref: str, flags: tuple[str, ...]) -> list[str]:
 def _run(args: list[str], what: str) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(args, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise FrankError(f"{what} failed: {_skopeo_error(proc.stderr or proc.stdout)}")
+        why = _skopeo_error(proc.stderr or proc.stdout)
+        if "400 (Bad Request)" in why:  # distribution says why in its log only
+            why += (" (the registry's log says why; Debian's packaged docker-registry config "
+                    "asks for htpasswd logins it cannot check: README, a local registry)")
+        raise FrankError(f"{what} failed: {why}")
     return proc
 
 
