@@ -68,5 +68,13 @@ def dockerd() -> Iterator[str]:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-        subprocess.run(["umount", "-R", str(top / "root")], capture_output=True, check=False)
+        _unmount_under(top)
         shutil.rmtree(top, ignore_errors=True)
+
+
+def _unmount_under(top: Path) -> None:
+    """Unmount what the daemon left mounted below ``top`` (its netns file under the exec
+    root stays mounted after a clean stop), deepest first."""
+    mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+    for path in sorted((m for m in mounts if m.startswith(f"{top}/")), key=len, reverse=True):
+        subprocess.run(["umount", "-l", path], capture_output=True, check=False)
