@@ -16,8 +16,14 @@ def repo(tmp_path: Path) -> Path:
     return copy_repo(tmp_path / "repo")
 
 
+TEST_CACHE = Path(__file__).resolve().parent.parent / ".cache" / "frank-test"
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _answer_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     """Kept answers of `frank lock --check` and `frank diff` (frank.store.memo) go to a folder of
-    this test session, not the user's cache; every test still goes through them."""
+    this test session, not the user's cache; every test still goes through them. The store
+    (FRANK_CACHE) is the repo's own test cache unless the caller names one (CI does): kept
+    between runs, so a second run builds nothing again, and never the user's ~/.cache/frank."""
     os.environ.setdefault("FRANK_CACHE_DIR", str(tmp_path_factory.mktemp("frank-cache")))
+    os.environ.setdefault("FRANK_CACHE", str(TEST_CACHE))

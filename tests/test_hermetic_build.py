@@ -299,8 +299,8 @@ def layer_files(layout: Path) -> dict[str, bytes]:
 
 
 @pytest.mark.slow
-def test_hermetic_build_locks_installs_patches_and_reproduces(repo: Path,
-                                                               tmp_path: Path) -> None:
+def test_hermetic_build_locks_installs_patches_and_reproduces(
+        repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     write_scratch_stack(repo, tmp_path / "wheels")
     locked = frank("lock", "stacks/fake.toml", cwd=repo)
     assert locked.code == 0, locked.err
@@ -311,13 +311,10 @@ def test_hermetic_build_locks_installs_patches_and_reproduces(repo: Path,
 
     digests = []
     for cache in ("cache-a", "cache-b"):
-        env_cache = tmp_path / cache
-        os.environ["FRANK_CACHE"] = str(env_cache)
-        try:
-            out = frank("compose", "stacks/fake.toml", "--json", "--out",
-                        str(tmp_path / f"out-{cache}"), cwd=repo)
-        finally:
-            del os.environ["FRANK_CACHE"]
+        # monkeypatch puts the session's own cache back (never unset: the user's is the default)
+        monkeypatch.setenv("FRANK_CACHE", str(tmp_path / cache))
+        out = frank("compose", "stacks/fake.toml", "--json", "--out",
+                    str(tmp_path / f"out-{cache}"), cwd=repo)
         assert out.code == 0, out.err
         summary = json.loads(out.out)
         digests.append(summary["image"]["digest"])
@@ -363,17 +360,12 @@ def test_candidate_adds_exactly_the_rs8_layer_and_the_lock(repo: Path) -> None:
 
 
 @pytest.mark.slow
-def test_an_unreachable_patch_url_stops_the_build_in_one_line(repo: Path,
-                                                               tmp_path: Path) -> None:
+def test_an_unreachable_patch_url_stops_the_build_in_one_line(
+        repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     env_cache = tmp_path / "cache"
-    os.environ["FRANK_CACHE"] = str(env_cache)
-    saved = os.environ.pop("FRANK_MIRROR", None)
-    try:
-        out = frank("compose", "stacks/served.toml", "--locked", cwd=repo)
-    finally:
-        del os.environ["FRANK_CACHE"]
-        if saved is not None:
-            os.environ["FRANK_MIRROR"] = saved
+    monkeypatch.setenv("FRANK_CACHE", str(env_cache))
+    monkeypatch.delenv("FRANK_MIRROR", raising=False)
+    out = frank("compose", "stacks/served.toml", "--locked", cwd=repo)
     assert out.code == 2
     lines = out.err.strip().splitlines()
     assert len(lines) == 1, out.err

@@ -303,7 +303,7 @@ def _fake_skopeo(tmp_path: Path, manifest: str, answer: Path) -> Path:
 def _push_with(bin_dir: Path, repo: Path, to: str) -> Result:
     os.environ["PATH"] = f"{bin_dir}:{os.environ['PATH']}"
     try:
-        return frank("push", "served", "--to", to, cwd=repo)
+        return frank("push", "--compression", "none", "served", "--to", to, cwd=repo)
     finally:
         os.environ["PATH"] = os.environ["PATH"].split(":", 1)[1]
 

@@ -179,31 +179,47 @@ def test_print_buildah_from_run_rm(built: dict[str, Path]) -> None:
     assert " from --quiet --pull=false --name frank-run-" in text.stdout
 
 
-@pytest.mark.parametrize("engine", ["podman", "docker"])
-def test_print_podman_and_docker(built: dict[str, Path], engine: str) -> None:
+def test_print_podman(built: dict[str, Path]) -> None:
     """Loopback bind (smoke-cpu): the host's network; all interfaces with GPUs: a port
-    published on 127.0.0.1 and the GPUs passed through. (Untested here: no daemon, no GPU.)"""
+    published on 127.0.0.1 and the GPUs passed through. (Untested here: no GPU.)"""
     loop = json.loads(frank("run", "stacks/smoke-cpu.toml", "--print", "--json", "--engine",
-                            engine, "--hub-cache", str(built["hub"]), cwd=built["repo"]).stdout)
+                            "podman", "--hub-cache", str(built["hub"]), cwd=built["repo"]).stdout)
     run = loop["run"]
     assert run[len(loop["engine_args"]):][:2] == ["run", "--rm"]
     assert run[run.index("--network") + 1] == "host" and "-p" not in run
     assert run[-2:] == ["--cache-dir", "/frank/hub"]  # the image's entrypoint, these args
     assert loop["cleanup"] == [[*loop["engine_args"], "rm", "-f", loop["container"]]]
-    gpu = json.loads(frank("run", "stacks/gpu.toml", "--print", "--json", "--engine", engine,
+    gpu = json.loads(frank("run", "stacks/gpu.toml", "--print", "--json", "--engine", "podman",
                            "--hub-cache", str(built["hub"]), cwd=built["repo"]).stdout)
     run = gpu["run"]
     assert run[run.index("-p") + 1] == "127.0.0.1:8000:8000" and "--network" not in run
-    if engine == "docker":
-        assert run[run.index("--gpus") + 1] == "all"
-        name = "frank-run:" + gpu["image"].split(":")[1]
-        assert gpu["prepare"][0][1:] == ["copy", "--quiet", f"oci:{built['gpu']}",
-                                         f"docker-daemon:{name}"]
-        assert name in run and "--pull=never" in run
-    else:
-        assert run[run.index("--device") + 1] == "nvidia.com/gpu=all"
-        assert f"oci:{built['gpu']}" in run and "--pull=always" in run
-        assert gpu["prepare"] == []
+    assert run[run.index("--device") + 1] == "nvidia.com/gpu=all"
+    assert f"oci:{built['gpu']}" in run and "--pull=always" in run
+    assert gpu["prepare"] == []
+
+
+def test_print_docker(built: dict[str, Path]) -> None:
+    """docker goes through the SDK: the plan holds what the SDK is given (network, /dev/shm,
+    ipc, the lock's GPU count as a device request) and the equivalent `docker run` line."""
+    loop = json.loads(frank("run", "stacks/smoke-cpu.toml", "--print", "--json", "--engine",
+                            "docker", "--hub-cache", str(built["hub"]), cwd=built["repo"]).stdout)
+    assert loop["prepare"] == [] and loop["link"] is None
+    spec = loop["docker"]
+    assert spec["network"] == "host" and spec["gpus"] == 0
+    assert spec["command"] == ["--cache-dir", "/frank/hub"]
+    assert (spec["shm_size"], spec["ipc"]) == ("1g", "private")
+    run = loop["run"]
+    assert run[:2] == ["docker", "run"] and run[run.index("--network") + 1] == "host"
+    assert f"frank-run:{loop['image'].split(':')[1]}" in run and "--gpus" not in run
+    gpu = json.loads(frank("run", "stacks/gpu.toml", "--print", "--json", "--engine", "docker",
+                           "--shm-size", "8g", "--ipc", "host", "--hub-cache",
+                           str(built["hub"]), cwd=built["repo"]).stdout)
+    spec, run = gpu["docker"], gpu["run"]
+    assert spec["network"] == "publish" and run[run.index("-p") + 1] == "127.0.0.1:8000:8000"
+    assert spec["gpus"] == 2 and run[run.index("--gpus") + 1] == "2"
+    assert (spec["shm_size"], spec["ipc"]) == ("8g", "host")
+    one_line(frank("run", "stacks/gpu.toml", "--print", "--engine", "docker", "--shm-size",
+                   "lots", cwd=built["repo"]), "--shm-size", "not a size")
 
 
 def test_print_links_a_layout_whose_path_is_not_an_image_name(built: dict[str, Path],

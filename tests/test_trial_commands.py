@@ -160,7 +160,11 @@ def test_plan_refusals_are_one_line(smoke: Path) -> None:
     one_line_error(plan(smoke, "perm", "--blocks", "4", "--alpha", "0.05",
                         design="permutation"), "too few blocks")
     assert plan(smoke, "rc", "--blocks", "5").code == 0
-    one_line_error(plan(smoke, "rc", "--blocks", "5"), "already exists")
+    one_line_error(plan(smoke, "rc", "--blocks", "5"), "already exists",
+                   "`frank trial run rc --workload CMD`", "another --name")
+    # sealed, nothing run yet: decide says what to run first, not a file that is not there
+    one_line_error(run_frank("trial", "decide", "rc", cwd=smoke), "no results yet",
+                   "run `frank trial run rc --workload CMD`")
     same = run_frank("trial", "plan", "smoke-cpu", "stacks/smoke-cpu.toml", "--name", "x",
                      "--metric", "m", "--direction", "lower", "--blocks", "5", cwd=smoke)
     one_line_error(same, "same digest")
@@ -624,7 +628,8 @@ def test_run_refuses_a_stack_whose_lock_changed_and_a_missing_metric(
     stack = repo / "stacks/fake-a.toml"
     stack.write_text(stack.read_text() + '[env]\nEXTRA = "1"\n')
     one_line_error(host_run("s2", "--workload", workload, cwd=repo),
-                   "arms.A.digest", "changed since sealing")
+                   "arms.A.digest", "changed since sealing", "plan a new one (`frank trial "
+                   "plan stacks/fake-a.toml", "or put stacks/fake-a.toml back")
     assert not _results(repo, "s2").exists()
 
 

@@ -52,8 +52,10 @@ def test_base() -> BaseImage:
     return resolve_base(REPO_ROOT / "images" / "test-base.toml", BlobStore(), quiet=True)
 
 
-def start_registry(workdir: Path, *, readonly: bool = False) -> tuple[subprocess.Popen[bytes], str]:
-    """Start docker-registry on a free port; return (process, "127.0.0.1:PORT")."""
+def start_registry(workdir: Path, *, readonly: bool = False,
+                   auth: bool = False) -> tuple[subprocess.Popen[bytes], str]:
+    """Start docker-registry on a free port; return (process, "127.0.0.1:PORT"). ``auth``:
+    htpasswd logins with its path a folder, as Debian's packaged config has it."""
     exe = shutil.which("docker-registry")
     if exe is None:
         pytest.skip("docker-registry not installed (apt-get install docker-registry)")
@@ -65,6 +67,7 @@ def start_registry(workdir: Path, *, readonly: bool = False) -> tuple[subprocess
         "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n"
         f"    rootdirectory: {workdir / 'data'}\n{ro}"
         f"http:\n  addr: 127.0.0.1:{port}\n"
+        + (f"auth:\n  htpasswd:\n    realm: basic-realm\n    path: {workdir}\n" if auth else "")
     )
     log = (workdir / "registry.log").open("wb")
     proc = subprocess.Popen([exe, "serve", str(config)], stdout=log, stderr=log,
@@ -74,6 +77,10 @@ def start_registry(workdir: Path, *, readonly: bool = False) -> tuple[subprocess
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1):
                 return proc, f"127.0.0.1:{port}"
+        except urllib.error.HTTPError as exc:
+            if exc.code == 401 and auth:
+                return proc, f"127.0.0.1:{port}"
+            time.sleep(0.1)
         except (urllib.error.URLError, OSError):
             if proc.poll() is not None:
                 break

@@ -110,7 +110,7 @@ def test_attest_push_pull_verify(built: Built, registry: str, tmp_path: Path) ->
     assert json.loads((built.layout / "index.json").read_text()) == index
 
     repo = f"{registry}/frank/smoke"
-    out = ok(frank("push", "smoke-cpu", "--to", repo, cwd=built.repo)).out
+    out = ok(frank("push", "--compression", "none", "smoke-cpu", "--to", repo, cwd=built.repo)).out
     assert out.splitlines()[0] == f"{repo}@{built.digest}"
     assert f"referrers tag {repo}:sha256-{built.digest[7:]}" in out  # distribution 2.8
     assert pull_layout(repo, built.digest, tmp_path / "pulled") == built.digest
@@ -192,7 +192,8 @@ def test_tampered_sbom_is_refused(built: Built, registry: str, tmp_path: Path) -
     _tampered_sbom(layout, built.digest, None)
     assert resolve_manifest(layout)[0] == built.digest
     repo = f"{registry}/frank/tampered"
-    ok(frank("push", "smoke-cpu", "--to", repo, "--layout", str(layout), cwd=built.repo))
+    ok(frank("push", "--compression", "none",
+             "smoke-cpu", "--to", repo, "--layout", str(layout), cwd=built.repo))
     line = refused(frank("verify", f"{repo}@{built.digest}", "--key", str(built.pub),
                          cwd=built.repo), "SBOM", "signature does not verify",
                    "changed after signing")
@@ -206,7 +207,8 @@ def test_resigned_tampered_sbom_is_refused(built: Built, registry: str, tmp_path
     layout = copy_layout(built.layout, tmp_path / "resigned")
     _tampered_sbom(layout, built.digest, built.key)
     repo = f"{registry}/frank/resigned"
-    ok(frank("push", "smoke-cpu", "--to", repo, "--layout", str(layout), cwd=built.repo))
+    ok(frank("push", "--compression", "none",
+             "smoke-cpu", "--to", repo, "--layout", str(layout), cwd=built.repo))
     refused(frank("verify", f"{repo}@{built.digest}", "--key", str(built.pub), cwd=built.repo),
             "SBOM: deb:dash@", "sha256 is '" + "0" * 64 + "'", "the image's lock gives")
 
@@ -215,7 +217,7 @@ def test_resigned_tampered_sbom_is_refused(built: Built, registry: str, tmp_path
 def test_wrong_key_is_refused(built: Built, registry: str) -> None:
     ok(frank("attest", str(built.layout), "--key", str(built.key), cwd=built.repo))
     repo = f"{registry}/frank/wrongkey"
-    ok(frank("push", "smoke-cpu", "--to", repo, cwd=built.repo))
+    ok(frank("push", "--compression", "none", "smoke-cpu", "--to", repo, cwd=built.repo))
     refused(frank("verify", f"{repo}@{built.digest}", "--key", str(built.other_pub),
                   cwd=built.repo), "is signed by key sha256:", f"not by {built.other_pub}")
 
@@ -239,14 +241,15 @@ def test_image_from_another_lock_is_refused(built: Built, registry: str) -> None
                           load_private_key(built.key), lock=first.lock)
     attach(layout_b, refs)
     repo = f"{registry}/frank/otherlock"
-    ok(frank("push", "smoke-other", "--to", repo, cwd=built.repo))
+    ok(frank("push", "--compression", "none", "smoke-other", "--to", repo, cwd=built.repo))
     refused(frank("verify", f"{repo}@{second.digest}", "--key", str(built.pub),
                   cwd=built.repo),
             f"provenance: stack digest {first.lock.digest}",
             f"the image's lock is {second.lock.digest}")
 
     # the first image's own attestations, listed for the second image: wrong subject
-    ok(frank("push", "smoke-other", "--to", f"{registry}/frank/copied", cwd=built.repo))
+    ok(frank("push", "--compression", "none",
+             "smoke-other", "--to", f"{registry}/frank/copied", cwd=built.repo))
     from frank.ship.attest.remote import Registry, fallback_tag, push_referrers
 
     push_referrers(f"{registry}/frank/copied", first.digest,
@@ -409,7 +412,7 @@ def test_push_also_lists_the_envelopes_under_cosigns_att_tag(built: Built,
 
     ok(frank("attest", "smoke-cpu", "--key", str(built.key), cwd=built.repo))
     repo = f"{registry}/frank/cosign"
-    out = ok(frank("push", "smoke-cpu", "--to", repo, cwd=built.repo)).out
+    out = ok(frank("push", "--compression", "none", "smoke-cpu", "--to", repo, cwd=built.repo)).out
     tag = cosign_tag(built.digest)
     assert tag == f"sha256-{built.digest[7:]}.att" and f"{repo}:{tag}" in out
     reg = Registry(registry)
@@ -434,10 +437,51 @@ def test_push_also_lists_the_envelopes_under_cosigns_att_tag(built: Built,
         types.append(stmt["predicateType"])
     assert sorted(types) == sorted([PREDICATE_SBOM, PREDICATE_SLSA])
     # pushing again replaces frank's layers, it does not pile them up
-    ok(frank("push", "smoke-cpu", "--to", repo, cwd=built.repo))
+    ok(frank("push", "--compression", "none", "smoke-cpu", "--to", repo, cwd=built.repo))
     again = reg.get_manifest("frank/cosign", tag)
     assert again is not None and len(json.loads(again)["layers"]) == 2
     assert facts_from_layout(built.layout).digest == built.digest
-    res = frank("push", "smoke-cpu", "--to", f"{registry}/frank/nocosign", "--no-cosign-tag",
+    res = frank("push", "--compression", "none",
+                "smoke-cpu", "--to", f"{registry}/frank/nocosign", "--no-cosign-tag",
                 cwd=built.repo)
     assert ok(res) and ".att" not in res.out
+
+
+@pytest.mark.slow
+def test_a_compressed_push_is_verified_and_deployed_by_its_own_digest(
+        built: Built, registry: str, tmp_path: Path) -> None:
+    """zstd (the default) and gzip: the registry holds the compressed form's digest (the
+    same config), the attestations follow it as referrers, `frank verify` accepts it (its
+    statements name the layout's digest, rebuilt from the pushed manifest), `frank render
+    k8s` deploys the digest that was pushed, and a second push gives the same digest."""
+    from frank.image.remote import read_image
+    from frank.ship.pushes import pushed_image
+
+    ok(frank("attest", "smoke-cpu", "--key", str(built.key), cwd=built.repo))
+    config = read_image(built.layout).config_digest
+    seen = {}
+    for kind in ("zstd", "gzip"):
+        repo = f"{registry}/frank/{kind}"
+        args = ["push", "smoke-cpu", "--to", repo] + (["--compression", kind]
+                                                     if kind != "zstd" else [])
+        res = ok(frank(*args, cwd=built.repo))
+        pushed = res.out.splitlines()[0].split("@", 1)[1]
+        assert pushed != built.digest and f"{kind} form {pushed}" in res.err
+        info = read_image(f"{repo}@{pushed}")
+        assert info.config_digest == config
+        assert {x.media_type for x in info.layers} == \
+            {f"application/vnd.oci.image.layer.v1.tar+{kind}"}
+        assert f"{repo}@sha256:" in res.out.splitlines()[-2]  # a referrer
+        res = json.loads(ok(frank("verify", f"{repo}@{pushed}", "--key", str(built.pub),
+                                  "--json", cwd=built.repo)).out)
+        assert res["image"] == pushed and res["signed_as"] == built.digest
+        assert set(res["referrers"]) == {"SBOM", "provenance"}
+        rec = json.loads((built.repo / "out/pushes.jsonl").read_text().splitlines()[-1])
+        assert (rec["digest"], rec["compression"], rec["image"]) == (pushed, kind, built.digest)
+        # what `frank render k8s` deploys (smoke-cpu itself binds loopback, so it renders none)
+        lock = json.loads((built.repo / "stacks/smoke-cpu.lock").read_text())["digest"]
+        assert pushed_image(built.repo, "smoke-cpu", lock, repo).reference == f"{repo}@{pushed}"
+        again = ok(frank(*args, cwd=built.repo)).out.splitlines()[0]
+        assert again == f"{repo}@{pushed}"
+        seen[kind] = pushed
+    assert seen["zstd"] != seen["gzip"]

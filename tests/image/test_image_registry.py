@@ -44,8 +44,8 @@ def test_push_pull_roundtrip(registry: str, built: tuple[Path, str], tmp_path: P
 def test_push_cli_and_inspect_cli(registry: str, built: tuple[Path, str]) -> None:
     layout, digest = built
     runner = CliRunner()
-    r = runner.invoke(cli, ["push", "stacks/demo.toml", "--to", f"{registry}/frank/cli",
-                            "--layout", str(layout)])
+    r = runner.invoke(cli, ["push", "--compression", "none", "stacks/demo.toml", "--to",
+                            f"{registry}/frank/cli", "--layout", str(layout)])
     assert r.exit_code == 0, r.output
     assert r.output.splitlines()[0] == f"{registry}/frank/cli@{digest}"
     assert f"{registry}/frank/cli:demo" in r.output
@@ -94,3 +94,23 @@ def test_bad_repository_refused(built: tuple[Path, str]) -> None:
 def test_missing_remote_image(registry: str) -> None:
     with pytest.raises(FrankError, match="cannot read"):
         read_image(f"{registry}/frank/none:nope")
+
+
+def test_a_registry_that_asks_for_a_login_is_one_line_naming_it(
+        built: tuple[Path, str], tmp_path: Path) -> None:
+    """Debian's packaged docker-registry config: htpasswd logins it cannot check; a push
+    got a bare 400 whose cause was only in the registry's log."""
+    from tests.image.conftest import start_registry, stop
+
+    proc, host = start_registry(tmp_path / "auth", auth=True)
+    try:
+        layout, _ = built
+        for extra in ([], ["--compression", "none"]):
+            r = CliRunner().invoke(cli, ["push", "demo", "--to", f"{host}/x/y", "--layout",
+                                         str(layout), *extra])
+            assert r.exit_code == 2 and r.output.count("\n") == 1, r.output
+            assert r.output.startswith(f"frank: error: push to {host}/x/y")
+            assert ("asks for a login" in r.output and "authentication required" in r.output) \
+                if not extra else "the registry's log says why" in r.output
+    finally:
+        stop(proc)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from frank.image.progress import status
 from frank.build.context import stage_layer
 from frank.errors import FrankError
 from frank.hashing import sha256_json

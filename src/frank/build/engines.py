@@ -7,8 +7,11 @@ On CI machines without a daemon, Debian's buildah and podman build rootless-styl
 ``--isolation chroot --storage-driver vfs``: no overlayfs, no user namespaces, RUN steps
 work. Engine storage lives under the frank cache, apart from the system's image store.
 
-The docker path (skopeo moves the base in and the result out of the daemon) is written
-but untested: no CI machine here runs a Docker daemon.
+The docker path (skopeo moves the base in and the result out of the daemon) needs BuildKit
+(``docker buildx``) for the build secrets (the CA bundle and pip config are ``--secret``
+mounts, never layers); Debian's docker.io has only the legacy builder, which has no
+``--secret``, so there ``--builder docker`` stops at once saying so (checked on Docker
+20.10.24). Running images through Docker goes through the SDK (``run.dockerrun``).
 
 Every build gets ``SOURCE_DATE_EPOCH`` (as ``--timestamp`` and as a build arg) and the pinned
 base as build args (``BASE_IMAGE``, a storage reference by digest, and ``BASE_DIGEST``);
@@ -89,11 +92,12 @@ def _overlay_mounts() -> bool:
         return proc.returncode == 0
 
 
-def _docker_answers(exe: str) -> bool:
-    try:
-        return subprocess.run([exe, "info"], capture_output=True, timeout=10).returncode == 0
-    except (subprocess.TimeoutExpired, OSError):
-        return False
+def _docker_answers() -> bool:
+    """Whether a Docker daemon answers the ``docker`` SDK where the environment points
+    (``DOCKER_HOST``, the CLI's context): frank needs no docker CLI, only a daemon."""
+    from frank.build.dockerapi import answers
+
+    return answers()
 
 
 def _runroot(root: Path) -> Path:
@@ -109,7 +113,11 @@ def detect(store: BlobStore | None = None) -> list[Engine]:
     found: list[Engine] = []
     for name in ENGINE_ORDER:
         exe = shutil.which(name)
-        if exe is None or (name == "docker" and not _docker_answers(exe)):
+        if name == "docker":
+            if not _docker_answers():
+                continue
+            exe = exe or "docker"  # shown only; the SDK talks to the daemon
+        if exe is None:
             continue
         driver = storage_driver()
         # one storage root per driver: a root cannot change driver once made
@@ -128,8 +136,11 @@ def get_engine(name: str = "auto", store: BlobStore | None = None) -> Engine:
     for e in engines:
         if e.name == name:
             return e
-    hint = "start a Docker daemon (docker info must answer)" if name == "docker" else \
-        f"apt-get install {name}"
+    if name == "docker":  # the daemon's own reason, and where frank looked for it
+        from frank.build.dockerapi import client
+
+        client(timeout=10).close()
+    hint = "start a Docker daemon" if name == "docker" else f"apt-get install {name}"
     raise FrankError(f"container engine {name!r} is not available; {hint}", field="--builder")
 
 
@@ -224,6 +235,20 @@ def _oci_ref(layout: Path, digest: str | None = None) -> Iterator[str]:
         shutil.rmtree(d, ignore_errors=True)
 
 
+def _needs_buildkit(engine: Engine) -> None:
+    """A docker build needs BuildKit for its ``--secret`` mounts: say so before any work."""
+    try:
+        ok = subprocess.run([engine.exe, "buildx", "version"], capture_output=True,
+                            timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    if not ok:
+        raise FrankError("docker builds need BuildKit (`docker buildx`): frank passes the CA "
+                         "bundle and pip config as --secret mounts, which the legacy builder "
+                         "(Debian's docker.io) lacks; use --builder buildah or podman, or "
+                         "install docker-buildx", field="--builder")
+
+
 def load_base(engine: Engine, layout: Path, digest: str) -> str:
     """Put the pinned base into the engine's storage; return a reference to it by digest."""
     check_digest(digest, field="base_digest")
@@ -284,6 +309,8 @@ def build_dockerfile(
     dockerfile = Path(dockerfile).absolute() if dockerfile else context / "Dockerfile"
     if not dockerfile.is_file():
         raise FrankError("Dockerfile not found", file=dockerfile)
+    if engine.name == "docker":
+        _needs_buildkit(engine)
     base_ref = load_base(engine, base_layout, base_digest)
     args = {"SOURCE_DATE_EPOCH": str(source_date_epoch), "BASE_IMAGE": base_ref,
             "BASE_DIGEST": base_digest, **(build_args or {})}

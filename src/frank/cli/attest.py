@@ -29,8 +29,9 @@ def layout_and_root(target: str) -> tuple[Path, Path | None, str | None]:
 @click.command()
 @click.argument("target", metavar="STACK|LAYOUT")
 @click.option("--key", "key", type=click.Path(path_type=Path), default=None,
-              help=f"ECDSA P-256 private key, PEM (default: ${KEY_ENV}; an encrypted key's "
-                   "passphrase comes from $FRANK_KEY_PASSWORD).")
+              help=f"ECDSA P-256 private key, PEM (default: ${KEY_ENV}, else frank keygen's "
+                   "~/.config/frank/frank.key; an encrypted key's passphrase comes from "
+                   "$FRANK_KEY_PASSWORD).")
 @click.option("--out", "out", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Also write manifest.json, sbom.cdx.json, provenance.json and the two "
                    "*.dsse.json envelopes here (for cosign, scanners, people).")
@@ -45,10 +46,15 @@ def attest(target: str, key: Path | None, out: Path | None, as_json: bool) -> No
     from frank.ship.attest.dsse import load_private_key
 
     if key is None:
-        if not os.environ.get(KEY_ENV):
+        from frank.cli.keygen import default_key
+
+        if os.environ.get(KEY_ENV):
+            key = Path(os.environ[KEY_ENV])
+        elif default_key().is_file():
+            key = default_key()
+        else:
             raise FrankError(f"no signing key: give --key KEY or set ${KEY_ENV} "
-                             "(make one with `frank keygen`)", field="--key")
-        key = Path(os.environ[KEY_ENV])
+                             f"(or make {default_key()} with `frank keygen`)", field="--key")
     private = load_private_key(key)
     layout, root, stack_digest = layout_and_root(target)
     summary = attest_layout(layout, private, root, out, stack=target, stack_digest=stack_digest)

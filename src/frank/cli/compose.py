@@ -11,6 +11,7 @@ from frank.cli.output import emit_json, json_option
 from frank.errors import FrankError
 from frank.history.repolock import repo_lock
 from frank.image.outdir import staged_output
+from frank.image.progress import status
 from frank.resolve.lock import lock_is_current, render_lock, write_lock
 from frank.resolve.project import lock_stack, repo_root_for, stack_path
 
@@ -37,7 +38,7 @@ def compose(stack: str, out_dir: Path | None, locked: bool, builder: str,
     console = Console(stderr=True, quiet=as_json)
     top = repo_root_for(Path(stack) if stack.endswith(".toml") else None)
     with repo_lock(repo_root_for(stack_path(stack, top))):  # the stack and its lock agree
-        with console.status("resolving and hashing inputs"):
+        with status(console, "resolving and hashing inputs"):
             result = lock_stack(stack, closure="use" if locked else "resolve")
         lock_file = result.lock_file
         if locked:
@@ -51,7 +52,7 @@ def compose(stack: str, out_dir: Path | None, locked: bool, builder: str,
     out = (out_dir or root / "out" / result.lock.stack).absolute()
     built = None
     with staged_output(out) as stage:  # the old output stays whole until this one is
-        with console.status(f"writing build context to {out}"):
+        with status(console, f"writing build context to {out}"):
             from frank.build.context import write_context
 
             write_context(plan, result.lock, root, stage)

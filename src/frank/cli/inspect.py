@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -45,7 +46,9 @@ def inspect_cmd(image: str, as_json: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    # piped, rich would fit 80 columns and cut digests with "…": never cut a digest (a log
+    # or a script reads them whole); on a terminal long cells fold instead
+    console = Console(width=None if sys.stdout.isatty() else 400)
     console.print(f"[bold]{info.source}[/bold]  {info.digest}")
     console.print(f"created {info.created}  {info.os}/{info.architecture}")
     if info.entrypoint or info.cmd:
@@ -53,13 +56,15 @@ def inspect_cmd(image: str, as_json: bool) -> None:
     for title, items in (("labels", info.labels), ("annotations", info.annotations)):
         if items:
             t = Table(title=title, show_header=False, box=None)
+            t.add_column(overflow="fold")
+            t.add_column(overflow="fold")
             for k in sorted(items):
                 t.add_row(k, items[k])
             console.print(t)
     layers = Table(title="layers")
     for col in ("#", "digest", "size", "created by", "key"):
-        layers.add_column(col)
+        layers.add_column(col, overflow="fold")
     for i, layer in enumerate(info.layers):
-        layers.add_row(str(i), layer.digest[:19], f"{layer.size:,}", layer.created_by,
+        layers.add_row(str(i), layer.digest, f"{layer.size:,}", layer.created_by,
                        layer.comment[:12])
     console.print(layers)

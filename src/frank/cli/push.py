@@ -1,14 +1,36 @@
 """``frank push STACK --to HOST/REPO``: push the stack's image by digest, tag it, push the
-attestations ``frank attest`` attached to it as referrers, and record the push."""
+attestations ``frank attest`` attached to it as referrers, and record the push.
+
+The image goes out compressed by default (``--compression zstd``; ``gzip`` for Docker before
+23; ``none`` sends the layout as it is): the same config and diff_ids, a pinned compressor,
+so the pushed digest is the same from any machine (``frank.image.compress``)."""
 
 from __future__ import annotations
 
 import datetime as dt
+import time
 from pathlib import Path
+from typing import cast
 
 import click
 
 from frank.errors import FrankError
+
+
+def registry_message(body: bytes) -> str:
+    """The registry's own words from an error body (``{"errors": [{"message": ...}]}``)."""
+    import json
+
+    try:
+        errors = json.loads(body).get("errors") or []
+        return "; ".join(str(e.get("message", "")) for e in errors if isinstance(e, dict))
+    except (ValueError, AttributeError):
+        return ""
+
+
+def progress(line: str) -> None:
+    """A plain progress line on stderr (a terminal or a log alike)."""
+    click.echo(f"frank: {line}", err=True)
 
 
 @click.command()
@@ -19,8 +41,12 @@ from frank.errors import FrankError
 @click.option("--tag", "tags", multiple=True, help="Extra tag (repeatable).")
 @click.option("--cosign-tag/--no-cosign-tag", "cosign", default=True, show_default=True,
               help="Also list the attestations under cosign's sha256-<digest>.att tag.")
+@click.option("--compression", type=click.Choice(["zstd", "gzip", "none"]), default="zstd",
+              show_default=True,
+              help="Layer compression on the wire: zstd (containerd >= 1.5, Docker >= 23, "
+                   "podman), gzip (any client), none (the layout's own uncompressed layers).")
 def push(stack: str, to: str, layout: Path | None, tags: tuple[str, ...],
-         cosign: bool) -> None:
+         cosign: bool, compression: str) -> None:
     """Push STACK's image to HOST/REPO by digest, then tag it: stack name, lock-<digest>.
 
     Attestations in the layout (`frank attest`) follow as referrers: through the registry's
@@ -29,12 +55,20 @@ def push(stack: str, to: str, layout: Path | None, tags: tuple[str, ...],
     out/pushes.jsonl (lock digest, repository, the registry's digest): `frank render k8s`
     deploys exactly that.
     """
-    from frank.image.oci import read_layout
-    from frank.image.remote import LOCK_DIGEST_KEY, default_tags, push_layout, tag_for_stack
+    from frank.image.compress import Compression, image_form
+    from frank.image.oci import OCI_MANIFEST, read_layout, resolve_manifest
+    from frank.image.remote import (
+        LOCK_DIGEST_KEY,
+        check_repository,
+        default_tags,
+        push_layout,
+        tag_for_stack,
+    )
     from frank.resolve.project import repo_root_for, stack_path
-    from frank.ship.attest.layout import read_referrers
-    from frank.ship.attest.remote import push_cosign_tag, push_referrers
+    from frank.ship.attest.layout import about, read_referrers
+    from frank.ship.attest.remote import Registry, push_cosign_tag, push_referrers
     from frank.ship.pushes import PushRecord, record_push
+    from frank.store.blobs import BlobStore
 
     root = repo_root_for()
     if layout is None:
@@ -43,13 +77,36 @@ def push(stack: str, to: str, layout: Path | None, tags: tuple[str, ...],
     if not layout.is_dir():
         raise FrankError("no composed image here; run frank compose first", file=layout)
     all_tags = list(dict.fromkeys([*default_tags(layout, stack), *tags]))
-    result = push_layout(layout, to, all_tags)
+    check_repository(to)
+    if compression != "none":  # before minutes of compression, a registry not there: one line
+        reg = Registry(to.split("/", 1)[0])
+        try:
+            status, _, body = reg.request("GET", reg.url("/v2/"))
+        except FrankError as exc:
+            raise FrankError(f"push to {to} failed: {exc.message}") from None
+        if status == 401:
+            raise FrankError(f"push to {to} failed: the registry asks for a login and has "
+                             f"none from you ({registry_message(body) or 'HTTP 401'}): log in "
+                             "(`skopeo login`), or run a registry without auth (README: a "
+                             "local registry)")
+    start = time.monotonic()
+    form = image_form(layout, cast(Compression, compression),
+                      BlobStore().root / "compressed", progress=progress)
+    if form.compression != "none":
+        progress(f"{form.compression} form {form.digest}: {form.compressed_bytes:,} bytes of "
+                 f"layers for {form.uncompressed_bytes:,} ({form.layers_compressed} layers "
+                 f"compressed now, {time.monotonic() - start:.1f} s, {form.compressor})")
+    result = push_layout(layout, to, all_tags, form=form)
     info = read_layout(layout, verify_layers=False)
     lock_digest = info.annotations.get(LOCK_DIGEST_KEY) or info.labels.get(LOCK_DIGEST_KEY)
     click.echo(result.reference)
     for t in result.tags:
         click.echo(f"{result.repository}:{t}")
-    referrers = read_referrers(layout, result.digest)
+    image_digest = resolve_manifest(layout)[0]
+    referrers = read_referrers(layout, image_digest)
+    if referrers and result.digest != image_digest:  # the envelopes name the layout's digest
+        subject = {"mediaType": OCI_MANIFEST, "digest": form.digest, "size": len(form.manifest)}
+        referrers = [about(r, subject) for r in referrers]
     if referrers:
         pushed = push_referrers(result.repository, result.digest, referrers)
         how = "referrers API" if pushed.scheme == "api" else \
@@ -63,5 +120,6 @@ def push(stack: str, to: str, layout: Path | None, tags: tuple[str, ...],
         # k8s` deploys (the registry's digest of this lock) and `frank verify` checks
         record_push(root, PushRecord(stack=tag_for_stack(stack), lock_digest=lock_digest,
                                      repository=result.repository, digest=result.digest,
-                                     tags=result.tags,
+                                     tags=result.tags, compression=form.compression,
+                                     image=image_digest,
                                      time=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")))

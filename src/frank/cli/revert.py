@@ -77,11 +77,11 @@ def revert(part: str | None, stack_arg: str, why: str | None, undo: bool,
     if action == "undo":
         target = "back" if old is None else f"back to {new}"
         click.echo(f"{part} {verb} {target} (undoing its revert); "
-                   f"digest {done.old_lock.digest[:19]} -> {done.lock.digest[:19]}")
+                   f"digest {done.old_lock.digest} -> {done.lock.digest}")
     else:
         target = "removed" if action == "remove" else f"back to {new}"
         click.echo(f"{part} {old} {verb} {target}; "
-                   f"digest {done.old_lock.digest[:19]} -> {done.lock.digest[:19]}")
+                   f"digest {done.old_lock.digest} -> {done.lock.digest}")
         for name, version in getattr(done, "dependents", []):
             click.echo(f"  {name} {version} {verb} taken back with it (it requires {part})")
     for c in changes["closure"]:

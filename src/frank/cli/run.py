@@ -82,12 +82,17 @@ def _engine(name: str, print_only: bool) -> Engine:
               help="Extra environment for the container (the lock's env still wins).")
 @click.option("--wait-ready", type=SECONDS, default=600.0, show_default=True,
               help="Seconds to wait for /health to answer 200.")
+@click.option("--shm-size", default="1g", show_default=True, metavar="SIZE",
+              help="Size of the container's /dev/shm (docker; buildah shares the host's).")
+@click.option("--ipc", default="private", show_default=True,
+              type=click.Choice(["private", "shareable", "host"]),
+              help="IPC namespace of the container (docker).")
 @click.option("--print", "print_only", is_flag=True,
               help="Show the exact container commands; run nothing.")
 @json_option
 def run_cmd(target: str, args: tuple[str, ...], engine_name: str, hub_cache: Path | None,
             model_dir: Path | None, env_pairs: tuple[str, ...], wait_ready: float,
-            print_only: bool, as_json: bool) -> None:
+            shm_size: str, ipc: str, print_only: bool, as_json: bool) -> None:
     """Run the image of STACK_OR_LAYOUT; ARGS after `--` go to its entrypoint."""
     from frank.image.verify import image_lock, verify_layout
     from frank.run import container as image_run
@@ -102,7 +107,10 @@ def run_cmd(target: str, args: tuple[str, ...], engine_name: str, hub_cache: Pat
     engine = _engine(engine_name, print_only)
     weights = image_run.weights(lock, hub_cache=hub_cache, model_dir=model_dir,
                                 env=dict(os.environ))
-    plan = image_run.plan(image, lock, engine, w=weights, extra_env=extra_env, args=list(args))
+    if not re.fullmatch(r"[0-9]+[bkmg]?", shm_size):
+        raise FrankError(f"{shm_size!r} is not a size (like 512m or 2g)", field="--shm-size")
+    plan = image_run.plan(image, lock, engine, w=weights, extra_env=extra_env, args=list(args),
+                          shm_size=shm_size, ipc=ipc)
     if print_only:
         click.echo(json.dumps(plan.as_json(), indent=2) if as_json else plan.as_text())
         return

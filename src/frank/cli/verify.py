@@ -17,7 +17,8 @@ PUB_ENV = "FRANK_VERIFY_KEY"
 @click.command()
 @click.argument("image_ref", metavar="IMAGE_REF")
 @click.option("--key", "key", type=click.Path(path_type=Path), default=None,
-              help=f"The signer's public key, PEM (default: ${PUB_ENV}).")
+              help=f"The signer's public key, PEM (default: ${PUB_ENV}, else "
+                   "frank keygen's ~/.config/frank/frank.pub).")
 @json_option
 def verify(image_ref: str, key: Path | None, as_json: bool) -> None:
     """Verify IMAGE_REF (HOST/NAME[:TAG|@DIGEST], or an OCI layout) against its lock.
@@ -32,9 +33,16 @@ def verify(image_ref: str, key: Path | None, as_json: bool) -> None:
     from frank.ship.attest.dsse import load_public_key
 
     if key is None:
-        if not os.environ.get(PUB_ENV):
-            raise FrankError(f"no public key: give --key PUB or set ${PUB_ENV}", field="--key")
-        key = Path(os.environ[PUB_ENV])
+        from frank.cli.keygen import default_key
+
+        if os.environ.get(PUB_ENV):
+            key = Path(os.environ[PUB_ENV])
+        elif default_key().with_suffix(".pub").is_file():
+            key = default_key().with_suffix(".pub")
+        else:
+            raise FrankError(f"no public key: give --key PUB or set ${PUB_ENV} (or make "
+                             f"{default_key().with_suffix('.pub')} with `frank keygen`)",
+                             field="--key")
     public = load_public_key(key)
     try:
         root: Path | None = find_repo_root(Path.cwd())

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict
 
 from frank.errors import FrankError
 from frank.image.layer import build_layer
+from frank.image.progress import status
 from frank.image.spec import ImageSpec
 from frank.store.blobs import BlobStore, check_digest, sha256_bytes, sha256_file
 
@@ -255,7 +256,7 @@ def build_image(spec: ImageSpec, store: BlobStore, out_layout: Path, *,
     layer_descs: list[dict[str, Any]] = []
     for i, d in enumerate(base_layers):
         digest, size, mt = _descriptor(d, mpath, f"layers[{i}]")
-        with console.status(f"importing base layer {digest[:19]}"):
+        with status(console, f"importing base layer {digest}"):
             _import_blob(store, base_layout, digest, size, f"base layer {i}")
         layer_descs.append({"mediaType": _DOCKER_TO_OCI.get(mt, mt), "digest": digest,
                             "size": size})
@@ -269,7 +270,7 @@ def build_image(spec: ImageSpec, store: BlobStore, out_layout: Path, *,
     if nonempty != len(diff_ids):  # keep history aligned with layers (inspect relies on it)
         history += [{"created_by": "base layer"}] * max(0, len(diff_ids) - nonempty)
     for layer in spec.layers:
-        with console.status(f"layer {layer.name}"):
+        with status(console, f"layer {layer.name}"):
             rec, _ = build_layer(store, layer, epoch)
         layer_descs.append({"mediaType": rec.media_type, "digest": rec.digest, "size": rec.size})
         diff_ids.append(rec.diff_id)

@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from frank.errors import FrankError
+from frank.image.compress import Form
 from frank.image.oci import (
     OCI_INDEX,
     OCI_MANIFEST,
@@ -77,7 +78,11 @@ def _tls_flags(ref: str, flags: tuple[str, ...]) -> list[str]:
 def _run(args: list[str], what: str) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(args, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise FrankError(f"{what} failed: {_skopeo_error(proc.stderr or proc.stdout)}")
+        why = _skopeo_error(proc.stderr or proc.stdout)
+        if "400 (Bad Request)" in why:  # distribution says why in its log only
+            why += (" (the registry's log says why; Debian's packaged docker-registry config "
+                    "asks for htpasswd logins it cannot check: README, a local registry)")
+        raise FrankError(f"{what} failed: {why}")
     return proc
 
 
@@ -97,8 +102,11 @@ def check_repository(repo: str) -> str:
 
 
 def push_layout(layout: Path, repository: str,
-                tags: list[str] | tuple[str, ...] = ()) -> PushResult:
-    """Push the image in ``layout`` to ``repository`` by digest, then add ``tags``."""
+                tags: list[str] | tuple[str, ...] = (), form: Form | None = None) -> PushResult:
+    """Push the image in ``layout`` to ``repository`` by digest, then add ``tags``.
+
+    ``form``: a compressed form of the same image (``image.compress.image_form``) to send
+    instead of the layout's own manifest and layers."""
     layout = Path(layout).absolute()
     check_repository(repository)
     for t in tags:
@@ -107,7 +115,11 @@ def push_layout(layout: Path, repository: str,
     digest, _, _ = resolve_manifest(layout)
     exe = skopeo()
     with tempfile.TemporaryDirectory(prefix="frank-push-") as tmp:
-        src = f"oci:{_image_only(layout, digest, Path(tmp))}"
+        if form is not None and form.compression != "none":
+            digest = form.digest
+            src = f"oci:{form.write_view(Path(tmp) / 'form')}"
+        else:
+            src = f"oci:{_image_only(layout, digest, Path(tmp))}"
         for dest in [f"{repository}@{digest}", *(f"{repository}:{t}" for t in tags)]:
             dfile = Path(tmp) / "digest"
             _run([exe, "copy", "--quiet", "--preserve-digests", "--digestfile", str(dfile),

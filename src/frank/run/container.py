@@ -8,11 +8,14 @@ same lists. Per engine:
   --isolation chroot`` runs the image's entrypoint in it (``podman run`` fails on setrlimit
   in unprivileged CI containers, buildah does not). Chroot isolation shares the host's
   network, so the engine's port is on 127.0.0.1 as it is; ``buildah rm`` removes it.
-- podman: ``podman run --rm oci:LAYOUT``; docker: the layout is copied into the daemon by
-  skopeo, then ``docker run --rm``. Both publish the port on 127.0.0.1 (``-p``), or share
-  the host's network when the lock binds the engine to loopback, which a published port
-  cannot reach. GPUs: ``--gpus all`` (docker), ``--device nvidia.com/gpu=all`` (podman,
-  buildah, through CDI) when the lock's target has GPUs. Untested here: no daemon, no GPU.
+- podman: ``podman run --rm oci:LAYOUT``. It publishes the port on 127.0.0.1 (``-p``), or
+  shares the host's network when the lock binds the engine to loopback, which a published
+  port cannot reach. GPUs: ``--device nvidia.com/gpu=all`` (podman, buildah, through CDI).
+- docker: through the ``docker`` SDK, not the CLI (``run.dockerrun``): the layout streamed
+  into the daemon, the container made from the id the daemon reports (checked against the
+  config digest), the same network rule, ``/dev/shm`` sized, the lock's GPUs as a device
+  request. ``run`` then holds the equivalent ``docker run`` line, to read, and ``docker``
+  what the SDK is given.
 
 The weights never enter the image: the host's hub cache (or a model folder) is mounted
 read-only at a fixed path and the launcher is pointed at it, offline.
@@ -32,6 +35,7 @@ from frank.errors import FrankError
 from frank.image.oci import layout_manifests
 from frank.image.verify import VerifiedImage
 from frank.run import launch
+from frank.run.dockerrun import DEFAULT_SHM, DockerSpec, cli_line
 
 HUB_IN_CONTAINER = "/frank/hub"
 # A path engines accept as an image name (they name an image pulled from oci:PATH after PATH).
@@ -88,6 +92,8 @@ class RunPlan:
     gpus: int
     serve: bool = True  # wait for /health; False when ARGS make the entrypoint a one-off
     link: str | None = None  # a tame-named link to the layout, made for the run
+    docker: DockerSpec | None = None  # the container the SDK makes (engine docker)
+    run_cache: str | None = None  # the writable per-image folder at RUN_CACHE_IN_CONTAINER
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -95,6 +101,10 @@ class RunPlan:
     def as_text(self) -> str:
         ready = f"ready when {self.url} answers 200" if self.serve else "its output and exit code"
         lines = [f"# {self.stack} image {self.image} through {self.engine}; {ready}"]
+        if self.docker is not None:
+            lines.append(f"# the layout is streamed into the Docker daemon (docker SDK) as "
+                         f"{docker_tag(self.image)}; the container starts from the image id "
+                         "the daemon reports, checked to be the image's config digest")
         if self.link:
             lines.append(f"# {self.link}: a layout listing only {self.image} of {self.layout} "
                          "(its blobs linked)")
@@ -175,11 +185,17 @@ def _network(engine: str, host: str, port: int) -> list[str]:
 def _gpu_args(engine: str, gpus: int) -> list[str]:
     if gpus <= 0:
         return []
-    return ["--gpus", "all"] if engine == "docker" else ["--device", "nvidia.com/gpu=all"]
+    return ["--device", "nvidia.com/gpu=all"]  # CDI; docker's are device requests
+
+
+def docker_tag(digest: str) -> str:
+    """The name a run gives the image in a Docker daemon (the id is what is started)."""
+    return f"frank-run:{digest.split(':', 1)[1]}"
 
 
 def plan(image: VerifiedImage, lock: dict[str, Any], engine: Engine, *, w: Weights,
-         extra_env: dict[str, str], args: list[str]) -> RunPlan:
+         extra_env: dict[str, str], args: list[str], shm_size: str = DEFAULT_SHM,
+         ipc: str = "private") -> RunPlan:
     """The commands that run ``image`` with ``engine``: entrypoint, then the launcher's
     weight arguments and ``args`` (in place of the image's cmd)."""
     tag = uuid.uuid4().hex[:12]
@@ -218,7 +234,17 @@ def plan(image: VerifiedImage, lock: dict[str, Any], engine: Engine, *, w: Weigh
     flags_out += _gpu_args(engine.name, gpus)
     tail = [*w.args, *args]
     prepare: list[list[str]] = []
-    if engine.name == "buildah":
+    spec: DockerSpec | None = None
+    if engine.name == "docker":
+        net = _network(engine.name, host, port)
+        spec = DockerSpec(command=tail, network="publish" if "-p" in net else "host",
+                          port=port, shm_size=shm_size, ipc=ipc, gpus=gpus,
+                          labels={"dev.frank.image": image.digest})
+        mounts = [(str(run_cache), RUN_CACHE_IN_CONTAINER, False),
+                  *((m.host, m.container, True) for m in w.mounts)]
+        run = cli_line(spec, name=ctr, image=docker_tag(image.digest), env=env, mounts=mounts)
+        cleanup = [["docker", "rm", "-f", ctr]]
+    elif engine.name == "buildah":
         prepare.append([*base, "from", "--quiet", "--pull=false", "--name", ctr, ref])
         argv = [*image.entrypoint, *(tail or image.cmd)]
         if not argv:
@@ -226,19 +252,12 @@ def plan(image: VerifiedImage, lock: dict[str, Any], engine: Engine, *, w: Weigh
         run = [*base, "run", "--isolation", "chroot", *flags_out, ctr, "--", *argv]
         cleanup = [[*base, "rm", ctr]]
     else:
-        if engine.name == "docker":
-            from frank.image.remote import skopeo
-
-            name = f"frank-run:{image.digest.split(':', 1)[1]}"
-            prepare.append([skopeo("to copy the image into the Docker daemon"), "copy",
-                            "--quiet", ref, f"docker-daemon:{name}"])
-            pull = ["--pull=never"]
-        else:
-            name, pull = ref, ["--pull=always"]
-        run = [*base, "run", "--rm", *pull, "--name", ctr, *_network(engine.name, host, port),
-               *flags_out, name, *tail]
+        run = [*base, "run", "--rm", "--pull=always", "--name", ctr,
+               *_network(engine.name, host, port), *flags_out, ref, *tail]
         cleanup = [[*base, "rm", "-f", ctr]]
     return RunPlan(engine=engine.name, engine_args=base, image=image.digest, layout=layout,
                    stack=str(lock.get("stack", "")), lock_digest=str(lock["digest"]),
                    container=ctr, url=url, prepare=prepare, run=run, cleanup=cleanup,
-                   mounts=list(w.mounts), env=env, gpus=gpus, serve=not args, link=link)
+                   mounts=list(w.mounts), env=env, gpus=gpus, serve=not args,
+                   link=None if engine.name == "docker" else link, docker=spec,
+                   run_cache=str(run_cache))

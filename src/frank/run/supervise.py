@@ -4,8 +4,9 @@ always remove the working container (on a normal exit, an error, SIGTERM or Ctrl
 Why signals go to the entrypoint process under buildah: ``buildah run`` answers SIGTERM by
 killing the container outright, so the engine never shuts down cleanly. Chroot isolation
 shares the host's process table, so the launcher (the child of ``buildah-chroot-exec``) is
-signalled directly and forwards to the engine as it does under ``frank serve``. podman and
-docker proxy signals from their client to the container themselves.
+signalled directly and forwards to the engine as it does under ``frank serve``. podman
+proxies signals from its client to the container itself; a docker container is signalled
+through the daemon (``run.dockerrun.ContainerProcess``), its docker-init passing them on.
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
-from typing import IO
+from typing import IO, Any
 
 from frank.errors import FrankError
 from frank.image.oci import image_view
 from frank.run import launch
-from frank.run.container import RunPlan
+from frank.run.container import RUN_CACHE_IN_CONTAINER, RunPlan
 from frank.run.enginecopy import differences, image_tree, tree_of_dir
 from frank.run.reap import claimed, reap
 
@@ -39,6 +40,9 @@ STOP_GRACE_S = 20.0
 _ENGINE_NOISE = re.compile(r"subprocess exited (with status -?\d+|on \w+)|"
                            r"Error: (exit status -?\d+|signal: \w+)")
 _CHROOT_EXEC = "buildah-chroot-exec"
+# The launcher's own ready line inside the container (stack and lock digest only): frank run
+# prints one ready line instead, naming the image and the lock, each labelled.
+_LAUNCHER_READY = re.compile(r"frank: ready: \S+ \(sha256:[0-9a-f]{64}\) on \S+")
 
 
 class _Interrupted(Exception):
@@ -94,16 +98,23 @@ def _parent(pid: int) -> int | None:
         return None
 
 
+def _passed(text: str, tail: collections.deque[str]) -> bool:
+    """Whether a container's line is passed on (not buildah's own exit notes, not the
+    launcher's ready line); the passed ones are kept as the last lines for errors."""
+    if _ENGINE_NOISE.fullmatch(text) or _LAUNCHER_READY.fullmatch(text):
+        return False
+    if text:
+        tail.append(text)
+    return True
+
+
 def _pump(src: IO[bytes], dest: IO[bytes], tail: collections.deque[str]) -> None:
-    """Pass the container's lines on (not buildah's own exit notes), keeping the last."""
+    """Pass the container's lines on (see ``_passed``), keeping the last."""
     for line in iter(src.readline, b""):
-        text = line.decode(errors="replace").strip()
-        if _ENGINE_NOISE.fullmatch(text):
+        if not _passed(line.decode(errors="replace").strip(), tail):
             continue
         dest.write(line)
         dest.flush()
-        if text:
-            tail.append(text)
 
 
 def _quiet(cmd: list[str], what: str) -> str:
@@ -141,6 +152,7 @@ class Runner:
         self.cleaning = False
         self.pumps: list[threading.Thread] = []
         self._claim: contextlib.AbstractContextManager[None] | None = None
+        self.docker: Any = None  # the SDK's client, for engine docker
 
     def _signal(self, signum: int, _frame: FrameType | None) -> None:
         if self.proc is None and not self.cleaning:
@@ -153,6 +165,9 @@ class Runner:
 
     def _forward(self, signum: int) -> None:
         assert self.proc is not None
+        if self.plan.engine == "docker":
+            self.proc.send_signal(signum)
+            return
         target = self.proc.pid
         if self.plan.engine == "buildah":
             target = entrypoint_pid(self.proc.pid) or target
@@ -161,6 +176,9 @@ class Runner:
 
     def _kill(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
+            return
+        if self.plan.engine == "docker":
+            self.proc.kill()
             return
         for pid in [*reversed(descendants(self.proc.pid)), self.proc.pid]:
             with contextlib.suppress(ProcessLookupError):
@@ -206,6 +224,9 @@ class Runner:
                       file=sys.stderr, flush=True)
             self._claim = claimed(self.plan.engine_args, self.plan.container)
             self._claim.__enter__()
+        if self.plan.engine == "docker":
+            self._start_docker()
+            return
         for cmd in self.plan.prepare:
             _quiet(cmd, f"{Path(cmd[0]).name}, preparing the container")
         self._remember_image()
@@ -221,6 +242,27 @@ class Runner:
         for t in self.pumps:
             t.start()
 
+    def _start_docker(self) -> None:
+        """Load the image into the daemon (id checked) and start its container."""
+        from frank.run import dockerrun
+        from frank.run.container import docker_tag
+
+        assert self.plan.docker is not None and self.plan.run_cache is not None
+        self.docker = dockerrun.client()
+        loaded = dockerrun.load_layout(self.docker, Path(self.plan.layout),
+                                       docker_tag(self.plan.image), self.plan.image,
+                                       progress=lambda m: print(f"frank: {m}", file=sys.stderr,
+                                                                flush=True))
+        mounts = [(self.plan.run_cache, RUN_CACHE_IN_CONTAINER, False),
+                  *((m.host, m.container, True) for m in self.plan.mounts)]
+        kwargs = dockerrun.create_kwargs(self.plan.docker, name=self.plan.container,
+                                         env=self.plan.env, mounts=mounts)
+        outs = (self.output or sys.stdout.buffer, self.output or sys.stderr.buffer)
+        proc, pump = dockerrun.start(loaded, self.docker, kwargs, outs,
+                                     lambda text: _passed(text, self.tail))
+        self.proc = proc  # type: ignore[assignment]  # Popen's poll/wait/signal, see dockerrun
+        self.pumps = [pump]
+
     def finish(self) -> None:
         """Stop the container (SIGTERM, then SIGKILL after the grace) and remove it."""
         self.cleaning = True  # a signal now only hurries the stop: cleanup must finish
@@ -232,9 +274,10 @@ class Runner:
         assert self.proc is not None
         start = time.monotonic()
         if launch.wait_ready(self.plan.url, self.proc, self.ready_timeout):
-            ready = (f"frank: ready: {self.plan.stack} image {self.plan.image} on "
-                     f"{self.plan.url.removesuffix('/health')} ({time.monotonic() - start:.1f}"
-                     f" s, container {self.plan.container} via {self.plan.engine})")
+            ready = (f"frank: ready: {self.plan.stack} image {self.plan.image} lock "
+                     f"{self.plan.lock_digest} on {self.plan.url.removesuffix('/health')} "
+                     f"({time.monotonic() - start:.1f} s, container {self.plan.container} "
+                     f"via {self.plan.engine})")
             if self.output is not None:
                 self.output.write(ready.encode() + b"\n")
                 self.output.flush()
@@ -308,6 +351,12 @@ class Runner:
                              file=base[base.index("--root") + 1] if "--root" in base else None)
 
     def _clean(self) -> None:
+        if self.plan.engine == "docker":
+            if self.docker is not None:
+                from frank.run.dockerrun import remove
+
+                remove(self.docker, self.plan.container)
+            return
         for cmd in self.plan.cleanup:
             subprocess.run(cmd, capture_output=True, check=False)
         if self._claim is not None:

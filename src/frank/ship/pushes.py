@@ -29,6 +29,10 @@ class PushRecord(Strict):
     digest: str = Field(pattern=DIGEST)  # the manifest digest the registry reported
     tags: list[str] = []
     time: str
+    # the layer compression of what was pushed, and the layout's own (uncompressed) digest;
+    # older records have neither: they pushed the layout as it was
+    compression: str = "none"
+    image: str | None = Field(default=None, pattern=DIGEST)
 
     @property
     def reference(self) -> str:

@@ -184,6 +184,10 @@ def decide_file(trial_file: Path) -> Decision:
     """Load the sealed trial and its results file, and decide."""
     trial, digest = load_sealed(trial_file)
     results = results_path(trial_file)
+    if not results.is_file():
+        raise FrankError(f"no results yet: run `frank trial run {trial_file.stem} --workload "
+                         "CMD` (or `frank trial record` for starts measured elsewhere) first",
+                         file=results)
     return decide(trial, digest, read_results(results), results)
 
 

@@ -43,8 +43,9 @@ def plan(a: str, b: str, *, name: str, metric: str, label: str | None, direction
         raise FrankError(str(exc), field="--name") from None
     path = trial_path(name, root)
     if path.exists():
-        raise FrankError("trial file already exists; a plan is written once (pick a new name)",
-                         file=path)
+        raise FrankError(f"trial file already exists; a plan is written once: run it with "
+                         f"`frank trial run {name} --workload CMD`, or plan a new one with "
+                         f"another --name", file=path)
     try:
         parse(metric)
     except MetricError as exc:

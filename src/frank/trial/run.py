@@ -80,7 +80,11 @@ def current_locks(trial: Trial, trial_file: Path) -> dict[str, dict[str, Any]]:
         locked = lock_stack(str(root / spec.stack))
         if locked.lock.digest != spec.digest:
             raise FrankError(f"arm {arm}: {spec.stack} now locks to {locked.lock.digest}, the "
-                             f"trial sealed {spec.digest}: the stack changed since sealing",
+                             f"trial sealed {spec.digest}: the stack changed since sealing; "
+                             f"a sealed trial measures only the stacks it sealed: plan a new "
+                             f"one (`frank trial plan {trial.arms.A.stack} "
+                             f"{trial.arms.B.stack} --name NEW ... --seal`) or put "
+                             f"{spec.stack} back as it was sealed",
                              file=trial_file, field=f"arms.{arm}.digest")
         out[arm] = json.loads(render_lock(locked.lock))
     return out

@@ -12,6 +12,7 @@ import hashlib
 from collections.abc import Iterable
 from pathlib import Path
 
+from frank.image.progress import status
 from frank.store.fetch import Fetcher, Pinned
 from frank.build.baselayout import BaseImage, cached_base, layout_from_layer
 from frank.resolve.debs.lock import DebsLock, current_lock
@@ -53,9 +54,9 @@ def build_from_lock(lock: DebsLock, roots: dict[str, str], store: BlobStore, lay
     # every .deb re-hashed, not trusted by its stat stamp: a base is made rarely, and a
     # corrupt one would fail deep in the unpacking (or worse, not fail); moved aside, fetched
     fetcher = Fetcher(BlobStore(store.root, full_verify=True), mirrors)
-    with console.status(f"fetching {len(lock.packages)} pinned .debs"):
+    with status(console, f"fetching {len(lock.packages)} pinned .debs"):
         paths = fetcher.fetch_all(pinned_debs(lock, roots))
-    with console.status("unpacking them into the base layer"), store.writer() as w:
+    with status(console, "unpacking them into the base layer"), store.writer() as w:
         write_root([(p, paths[p.sha256]) for p in lock.packages], w,  # type: ignore[arg-type]
                    epoch=EPOCH, tmp_dir=store.tmp_dir)
     arch = lock.recipe["arch"]

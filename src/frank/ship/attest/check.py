@@ -38,6 +38,14 @@ class ImageFacts:
     descriptor: dict[str, Any]
     config: dict[str, Any]
     lock: Lock
+    # for a compressed form `frank push` sent: the digest of the uncompressed form (the
+    # layout's), which the attestations name; rebuilt from the pushed manifest and config
+    signed_as: str = ""
+
+    @property
+    def attested(self) -> str:
+        """The digest the image's attestations must name."""
+        return self.signed_as or self.digest
 
 
 def _lock_from(data: bytes, where: str) -> Lock:
@@ -78,9 +86,11 @@ def _lock_in_tar(data: bytes, where: str) -> bytes | None:
 def facts_from_registry(ref: str) -> tuple[str, ImageFacts]:
     """(repository, facts) of a registry image: manifest, config and the lock's layer only
     (each checked against its digest), never the whole image."""
+    from frank.image.compress import decompress_bytes, uncompressed_form_digest
     from frank.image.oci import OCI_MANIFEST
     from frank.ship.attest.inventory import LOCK_HISTORY
     from frank.ship.attest.remote import image_manifest, registry_blob
+    from frank.store.blobs import sha256_bytes
 
     repository, digest, raw = image_manifest(ref)
     manifest = json.loads(raw)
@@ -92,14 +102,21 @@ def facts_from_registry(ref: str) -> tuple[str, ImageFacts]:
     layers = manifest["layers"]
     order = [i for i, h in enumerate(hist) if h == LOCK_HISTORY] or \
         list(reversed(range(len(layers))))
+    plain = uncompressed_form_digest(manifest, config) or ""
     for i in order:
         blob = registry_blob(repository, layers[i]["digest"])
-        found = _lock_in_tar(blob, f"layer {i} of {ref}")
+        try:
+            tar = decompress_bytes(str(layers[i].get("mediaType", "")), blob)
+        except Exception as exc:  # zlib.error, zstandard.ZstdError
+            raise FrankError(f"layer {i} of {ref} does not decompress ({exc})") from None
+        if plain and sha256_bytes(tar) != config["rootfs"]["diff_ids"][i]:
+            raise FrankError(f"layer {i} of {ref} does not decompress to its diff_id")
+        found = _lock_in_tar(tar, f"layer {i} of {ref}")
         if found is not None:
             desc = {"mediaType": manifest.get("mediaType", OCI_MANIFEST), "digest": digest,
                     "size": len(raw)}
             return repository, ImageFacts(digest, desc, config,
-                                          _lock_from(found, f"{repository}@{digest}"))
+                                          _lock_from(found, f"{repository}@{digest}"), plain)
     raise FrankError(f"not an image frank built: no layer of {ref} holds the lock")
 
 
@@ -176,6 +193,7 @@ class Verified:
     components: int = 0
     dependencies: int = 0
     not_checked: dict[str, str] = field(default_factory=dict)
+    signed_as: str = ""  # a compressed form's uncompressed digest, which the statements name
 
 
 def _statement(ref: Referrer, public_key: Any, key_name: str, image: str) -> dict[str, Any]:
@@ -235,9 +253,9 @@ def _check_sbom(pred: dict[str, Any], facts: ImageFacts, inv: Inventory) -> int:
         raise VerifyFailed(f"SBOM: it describes lock {props.get('frank:lock-digest')}, the "
                            f"image's lock is {facts.lock.digest}")
     meta = (pred.get("metadata") or {}).get("component") or {}
-    if meta.get("version") != facts.digest:
+    if meta.get("version") != facts.attested:
         raise VerifyFailed(f"SBOM: it describes image {meta.get('version')}, the image is "
-                           f"{facts.digest}")
+                           f"{facts.attested}")
     got = sbom_items(pred)
     _compare("SBOM", got, {i.ref: i.fields() for i in inv.items}, inv.missing)
     return len(got)
@@ -276,7 +294,7 @@ def verify_image(ref: str, public_key: Any, key_name: str, root: Path | None) ->
         refs, how = pull_referrers(repository, facts.digest)
     inv = inventory(facts.lock, facts.config, root)
     result = Verified(image=facts.digest, lock=facts.lock.digest, key=key_id(public_key),
-                      found=how, not_checked=dict(inv.missing))
+                      found=how, not_checked=dict(inv.missing), signed_as=facts.signed_as)
     by_type: dict[str, dict[str, Any]] = {}
     for r in refs:
         if r.predicate_type not in WHAT:
@@ -284,7 +302,7 @@ def verify_image(ref: str, public_key: Any, key_name: str, root: Path | None) ->
         if r.predicate_type in by_type:
             raise VerifyFailed(f"two {WHAT[r.predicate_type]} attestations for {facts.digest} "
                                f"({result.referrers[WHAT[r.predicate_type]]}, {r.digest})")
-        by_type[r.predicate_type] = _statement(r, public_key, key_name, facts.digest)
+        by_type[r.predicate_type] = _statement(r, public_key, key_name, facts.attested)
         result.referrers[WHAT[r.predicate_type]] = r.digest
     for ptype, what in WHAT.items():
         if ptype not in by_type:

@@ -85,6 +85,17 @@ def artifact(subject: dict[str, Any], predicate_type: str, envelope: bytes,
                     key)
 
 
+def about(ref: Referrer, subject: dict[str, Any]) -> Referrer:
+    """The same attestation (same signed envelope) as an artifact referring to ``subject``:
+    how the attestations of a layout follow its compressed form to a registry."""
+    doc = json.loads(ref.manifest)
+    doc["subject"] = {"mediaType": subject["mediaType"], "digest": subject["digest"],
+                      "size": subject["size"]}
+    manifest = canonical_json(doc)
+    return Referrer(sha256_bytes(manifest), manifest, ref.predicate_type, ref.envelope,
+                    ref.envelope_digest, ref.key)
+
+
 def parse_artifact(digest: str, manifest: bytes, fetch: Any) -> Referrer | None:
     """A referrer from its manifest bytes (``fetch(digest)`` reads its envelope), or None
     when the manifest is not one of these attestations."""

@@ -1,0 +1,224 @@
+"""Docker as an engine, through the docker SDK, against a real daemon started for this session.
+
+What is checked on the daemon itself: an image frank loads gets the layout's config digest
+as its id (a layout whose config lies about a layer's diff_id is refused by the daemon, and
+a blob changed after the manifest was read stops the stream); the lock's GPUs become a device
+request on the container; and served-cpu, built by frank, runs under `frank run --engine
+docker` end to end: a chat completion with the patch's header, then SIGTERM, a clean exit
+and no container left. Slow: one daemon start (a few seconds), one compose of served-cpu
+(its layers come from the session's cache when test_served_cpu built them first), one load
+and one engine start; the whole file took 337 s on the shared 2-core machine under a load
+average of about 12 (2026-12-02), less on a quiet one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from frank.errors import FrankError
+from frank.image.oci import resolve_manifest
+from tests.docker_daemon import dockerd, why_not
+from tests.fixtures.local_hub import publish
+from tests.fixtures.tiny_model import build_tiny_model
+from tests.oci_helpers import tar_of, write_layout
+from tests.spine_helpers import copy_repo, frank
+from tests.vllm_server import free_port
+
+pytestmark = [pytest.mark.slow]
+
+STACK = "stacks/docker-cpu.toml"
+
+
+@pytest.fixture(scope="session")
+def docker_host() -> Iterator[str]:
+    why = why_not()
+    if why:
+        pytest.skip(why)
+    with dockerd() as host:
+        yield host
+
+
+@pytest.fixture
+def client(docker_host: str) -> Iterator[Any]:
+    import docker
+
+    c = docker.DockerClient(base_url=docker_host, timeout=600)
+    yield c
+    c.close()
+
+
+def tiny_layout(out: Path, *, diff_id: str | None = None) -> Path:
+    """A one-layer layout (frank's form); ``diff_id`` makes its config lie about the layer."""
+    return write_layout(out, [tar_of({"hello.txt": b"hello\n" * 1000})],
+                        diff_ids=[diff_id] if diff_id else None)
+
+
+def config_digest(layout: Path) -> str:
+    return str(resolve_manifest(layout)[2]["config"]["digest"])
+
+
+def test_a_loaded_image_has_the_config_digest_as_its_id(client: Any, tmp_path: Path) -> None:
+    from frank.build.dockerapi import load_layout
+
+    layout = tiny_layout(tmp_path / "ok")
+    loaded = load_layout(client, layout, "frank-test:tiny", reuse=False)
+    assert loaded.id == config_digest(layout) == client.images.get("frank-test:tiny").id
+    assert not loaded.reused
+    again = load_layout(client, layout, "frank-test:tiny")
+    assert again.reused and again.id == loaded.id
+
+
+def test_the_daemon_refuses_a_config_that_lies_about_a_layer(client: Any,
+                                                             tmp_path: Path) -> None:
+    from frank.build.dockerapi import load_layout
+
+    layout = tiny_layout(tmp_path / "lie", diff_id="sha256:" + "0" * 64)
+    with pytest.raises(FrankError, match="invalid diffID for layer 0"):
+        load_layout(client, layout, "frank-test:lie", reuse=False)
+
+
+def test_a_layer_changed_after_the_manifest_was_read_stops_the_load(client: Any,
+                                                                    tmp_path: Path) -> None:
+    from frank.image.dockerarchive import docker_archive
+
+    layout = tiny_layout(tmp_path / "edit")
+    stream = docker_archive(layout, "frank-test:edit")
+    head = next(stream)  # the manifest is read and checked; now a layer is edited
+    layer = next(p for p in (layout / "blobs" / "sha256").iterdir() if p.stat().st_size > 1000)
+    data = bytearray(layer.read_bytes())
+    data[600] ^= 1
+    layer.write_bytes(bytes(data))
+    with pytest.raises(FrankError, match="changed while it was sent"):
+        client.api.load_image(itertools.chain([head], stream))
+    assert not [i for i in client.images.list() if "frank-test:edit" in i.tags]
+
+
+def test_the_locks_gpus_become_a_device_request(client: Any, tmp_path: Path) -> None:
+    """Made, not started: this daemon has no NVIDIA runtime (and this machine no GPU)."""
+    from frank.build.dockerapi import load_layout
+    from frank.run.dockerrun import DockerSpec, create_kwargs
+
+    loaded = load_layout(client, tiny_layout(tmp_path / "gpu"), "frank-test:gpu")
+    spec = DockerSpec(command=["--x"], network="none", port=8000, shm_size="2g", gpus=2)
+    kw = create_kwargs(spec, name="frank-test-gpu", env={"A": "1"},
+                       mounts=[(str(tmp_path), "/data", True)])
+    ctr = client.containers.create(loaded.ref, **kw)
+    try:
+        host = client.api.inspect_container(ctr.id)["HostConfig"]
+        [req] = host["DeviceRequests"]
+        assert (req["Count"], req["Capabilities"], req["Driver"]) == (2, [["gpu"]], "")
+        assert host["ShmSize"] == 2 << 30 and host["NetworkMode"] == "none"
+        assert host["Init"] is True
+        assert host["Mounts"][0]["ReadOnly"] is True
+    finally:
+        ctr.remove(force=True)
+    no_gpu = create_kwargs(DockerSpec(command=[], network="host", port=1), name="x", env={},
+                           mounts=[])
+    assert "device_requests" not in no_gpu
+
+
+# ----------------------------------------------------------------------------------------------
+# served-cpu end to end
+
+
+@pytest.fixture(scope="module")
+def served_repo(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, Path]:
+    port = free_port()
+    root = copy_repo(tmp_path_factory.mktemp("docker-cpu") / "repo")
+    (root / STACK).write_text(f'extends = "served-cpu.toml"\n[flags]\nport = {port}\n')
+    assert frank("lock", STACK, cwd=root).code == 0
+    out = subprocess.run([sys.executable, "-m", "frank", "compose", STACK, "--json"], cwd=root,
+                         capture_output=True, text=True, timeout=1200)  # cold: wheels fetched
+    assert out.returncode == 0, out.stderr
+    base = tmp_path_factory.mktemp("docker-cpu-hub")
+    publish(build_tiny_model(base / "model"), base / "hub", "frank-test/tiny-llama")
+    return root, port, base / "hub"
+
+
+def chat(port: int) -> tuple[dict[str, Any], dict[str, str]]:
+    body = {"model": "tiny-llama", "max_tokens": 4,
+            "messages": [{"role": "user", "content": "say hi"}]}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions",
+                                 data=json.dumps(body).encode(),
+                                 headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        return json.loads(resp.read()), {k.lower(): v for k, v in resp.headers.items()}
+
+
+def test_served_cpu_runs_under_docker_end_to_end(served_repo: tuple[Path, int, Path],
+                                                 docker_host: str, client: Any,
+                                                 tmp_path: Path) -> None:
+    import os
+
+    root, port, hub = served_repo
+    log = tmp_path / "run.log"
+    env = {**os.environ, "DOCKER_HOST": docker_host}
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "frank", "run", STACK, "--engine",
+                                 "docker", "--hub-cache", str(hub), "--wait-ready", "400"],
+                                cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 460
+        while "frank: ready: docker-cpu" not in log.read_text(errors="replace"):
+            assert proc.poll() is None, log.read_text(errors="replace")[-3000:]
+            assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+            time.sleep(1)
+        reply, headers = chat(port)
+        assert reply["choices"][0]["message"]["content"]
+        assert headers["x-frank-patch"] == "patch-header/1"  # the patched engine is what runs
+        # the container runs the image the daemon holds under the layout's config digest
+        layout = root / "out" / "docker-cpu" / "image"
+        ctrs = client.containers.list(filters={"label": "dev.frank.image"})
+        assert len(ctrs) == 1
+        ctr = ctrs[0]
+        assert ctr.attrs["Image"] == config_digest(layout)
+        host = ctr.attrs["HostConfig"]
+        assert host["NetworkMode"] == "host" and host["ShmSize"] == 1 << 30
+        assert {m["Destination"]: m["RW"] for m in ctr.attrs["Mounts"]}["/frank/hub"] is False
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log.read_text(errors="replace")[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log.read_text(errors="replace")
+    # one ready line, the image and the lock each labelled (the launcher's own is not passed on)
+    [ready] = [ln for ln in text.splitlines() if "frank: ready:" in ln]
+    assert f"image {resolve_manifest(layout)[0]} lock sha256:" in ready
+    assert "frank: weights verified: tiny-llama" in text
+    assert "shutdown" in text.lower()  # the engine saw the SIGTERM and shut down itself
+    assert client.containers.list(all=True, filters={"label": "dev.frank.image"}) == []
+
+
+def test_builder_docker_without_buildkit_says_so_before_any_work(
+        docker_host: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Debian's docker.io has the legacy builder only, which has no --secret."""
+    import shutil
+
+    from frank.build.engines import build_dockerfile, get_engine
+    from frank.store.blobs import BlobStore
+
+    if shutil.which("docker") is None:
+        pytest.skip("needs the docker CLI")
+    if subprocess.run(["docker", "buildx", "version"], capture_output=True).returncode == 0:
+        pytest.skip("this docker has BuildKit")
+    monkeypatch.setenv("DOCKER_HOST", docker_host)
+    engine = get_engine("docker", BlobStore(tmp_path / "cache"))
+    (tmp_path / "ctx").mkdir()
+    (tmp_path / "ctx" / "Dockerfile").write_text("FROM scratch\n")
+    with pytest.raises(FrankError, match="docker builds need BuildKit"):
+        build_dockerfile(engine, tmp_path / "ctx", tmp_path / "out",
+                         base_layout=tmp_path / "nowhere", base_digest="sha256:" + "0" * 64,
+                         source_date_epoch=0)
+    assert not (tmp_path / "out").exists()
