@@ -90,3 +90,19 @@ def spell_archs(archs: list[str], form: ArchForm) -> str:
         if word not in out:
             out.append(word)
     return _SEPARATOR[form].join(out)
+
+
+def runs_on(code: CudaTarget, device: CudaTarget, *, ptx: bool) -> bool:
+    """Whether code built for ``code`` runs on a ``device`` of that compute capability.
+
+    The rules CUDA applies: SASS (a cubin) runs on the same major version at the same or a
+    later minor one (sm_120 on 12.0 and 12.1); ``a`` SASS or PTX runs on exactly its chip
+    (sm_120a on 12.0 only); ``f`` code runs on its family (sm_120f on every 12.x from 12.0);
+    plain PTX is compiled by the driver for any later device (compute_90 JITs on 12.0).
+    """
+    same_major_later = device.major == code.major and device.minor >= code.minor
+    if code.suffix == "a":
+        return (device.major, device.minor) == (code.major, code.minor)
+    if code.suffix == "f" or not ptx:
+        return same_major_later
+    return (device.major, device.minor) >= (code.major, code.minor)
