@@ -128,7 +128,7 @@ def _carried(view: MergedView, layout: Path) -> Lock:
                          file=layout) from None
 
 
-def ensure_audited(layout: Path, lock: Lock, root: Path, *, what: str) -> AuditReport:
+def ensure_audited(layout: Path, lock: Lock | None, root: Path, *, what: str) -> AuditReport:
     """The image's audit: the recorded one for its digest, or a new one (recorded when the
     layout is a compose output). A failed audit refuses ``what`` with its first lines."""
     digest, _, _ = resolve_manifest(layout)

@@ -42,6 +42,9 @@ def push(stack: str, to: str, layout: Path | None, tags: tuple[str, ...],
 
     if not layout.is_dir():
         raise FrankError("no composed image here; run frank compose first", file=layout)
+    from frank.audit.auditor import ensure_audited
+
+    ensure_audited(layout, None, root, what="push it")
     all_tags = list(dict.fromkeys([*default_tags(layout, stack), *tags]))
     result = push_layout(layout, to, all_tags)
     info = read_layout(layout, verify_layers=False)
