@@ -87,6 +87,7 @@ class Expected:
     labels: dict[str, str] = field(default_factory=dict)
     target: str = ""
     notes: list[str] = field(default_factory=list)
+    unpredicted: bool = False  # some layer runs commands whose files cannot be predicted
 
     @property
     def declared_paths(self) -> dict[str, str]:
@@ -180,21 +181,42 @@ def expected(plan: BuildPlan, lock: Lock, root: Path, store: BlobStore) -> Expec
                               f"declared outputs ({', '.join(layer.stage.outputs)}) may change "
                               "files, their content is not predicted")
         elif layer.run or layer.pip_install:
+            want.unpredicted = True
             want.notes.append(f"{layer.name}: runs commands in the image; the files they "
-                              "write are not predicted")
+                              "write are not predicted (files no part declares are not "
+                              "looked for)")
     for locked in lock.parts:
         spec = locked.spec
         for dist in spec.get("remove") or []:
             want.removed[canonicalize_name(dist)] = locked.name
-        if locked.kind == "package" and spec.get("git") and spec.get("distribution"):
+        if locked.kind == "package" and spec.get("distribution") and (
+                spec.get("git") or spec.get("wheel")):
             name = canonicalize_name(spec["distribution"])
-            want.dists.setdefault(name, WantDist(name, "*", locked.name))
+            want.dists.setdefault(name, WantDist(name, _wheel_version(spec) or "*",
+                                                 locked.name))
+        if locked.kind == "engine" and plan.engine is not None \
+                and plan.engine.strategy in ("source", "precompiled"):
+            want.dists.setdefault("vllm", WantDist("vllm", "*", locked.name))
         if locked.kind in ("binary", "kernel") and spec.get("archs"):
             from frank.model.kinds.kernel import kernel_dest
 
             dest = spec["dest"] if locked.kind == "binary" else kernel_dest(locked.name)
             want.archs.append(WantArchs(locked.name, tuple(spec["archs"]), dest.strip("/")))
     return want
+
+
+def _wheel_version(spec: dict[str, object]) -> str | None:
+    """The version a package part's pinned wheel file names (None for a git build)."""
+    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
+    wheel = spec.get("wheel")
+    if not isinstance(wheel, dict):
+        return None
+    name = str(wheel.get("filename") or str(wheel.get("url", "")).rsplit("/", 1)[-1])
+    try:
+        return str(parse_wheel_filename(name)[1])
+    except InvalidWheelFilename:
+        return None
 
 
 def _stored(store: BlobStore, sha256: str) -> Path | None:
