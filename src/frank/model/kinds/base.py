@@ -201,12 +201,24 @@ class PartContext:
             )
         return actual
 
-    def tree_hash(self, value: str, field_name: str) -> str:
-        """Hash of a repo directory's content."""
+    def tree_hash(self, value: str, field_name: str, *, every_file: bool = False) -> str:
+        """Hash of a repo directory's content. ``every_file``: each file on disk is content
+        (a folder of binaries), so one git ignores, or a cache folder's, is refused by name
+        rather than silently left out of the hash and the image."""
         path = self.path(value, field_name)
         if not path.is_dir():
             raise FrankError(f"{value!r} is not a directory", file=self.manifest,
                              field=field_name)
+        if every_file:
+            from frank.hashing import left_out
+
+            lost = left_out(path)
+            if lost:
+                more = f" and {len(lost) - 3} more" if len(lost) > 3 else ""
+                raise FrankError(
+                    f"{value}/: {', '.join(lost[:3])}{more} would be left out of the image "
+                    "(ignored by git, or a cache name); un-ignore them or move them out",
+                    file=self.manifest, field=field_name)
         try:
             return sha256_tree(path)
         except FrankError as exc:  # a symlink leading out of the tree
