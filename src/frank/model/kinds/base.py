@@ -18,7 +18,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 from frank.errors import FrankError
 from frank.fsutil import repo_path
-from frank.hashing import sha256_file, sha256_tree
+from frank.hashing import left_out, sha256_file, sha256_tree
 from frank.model.pins import check_one_line, matching
 
 FlagValue = str | int | float | bool
@@ -209,21 +209,19 @@ class PartContext:
         if not path.is_dir():
             raise FrankError(f"{value!r} is not a directory", file=self.manifest,
                              field=field_name)
-        if every_file:
-            from frank.hashing import left_out
-
-            lost = left_out(path)
-            if lost:
-                more = f" and {len(lost) - 3} more" if len(lost) > 3 else ""
-                raise FrankError(
-                    f"{value}/: {', '.join(lost[:3])}{more} would be left out of the image "
-                    "(ignored by git, or a cache name); un-ignore them or move them out",
-                    file=self.manifest, field=field_name)
         try:
-            return sha256_tree(path)
+            digest = sha256_tree(path)
+            lost = left_out(path) if every_file else []
         except FrankError as exc:  # a symlink leading out of the tree
             raise FrankError(f"{value}: {exc.message}", file=self.manifest,
                              field=field_name) from None
+        if lost:
+            more = f" and {len(lost) - 3} more" if len(lost) > 3 else ""
+            raise FrankError(
+                f"{value}/: {', '.join(lost[:3])}{more} would be left out of the image "
+                "(ignored by git, or a cache name); un-ignore them or move them out",
+                file=self.manifest, field=field_name)
+        return digest
 
 
 check_module = matching(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*",
