@@ -75,3 +75,32 @@ def test_a_part_whose_archs_cannot_run_on_the_target_is_refused(repo: Path) -> N
     manifest.write_text(manifest.read_text().replace('"sm_90a", "sm_100f"',
                                                      '"sm_90a", "sm_120f"'))
     assert frank("check", cwd=repo).code == 0
+
+
+def test_the_lock_lists_every_step_the_plan_runs_in_a_container(repo: Path) -> None:
+    """B5: on the official-image path a Python-only patch is applied with `patch` inside the
+    image; the lock's impure list says so, exactly as the plan runs it."""
+    import hashlib
+    import json
+
+    from tests.test_spine_answers import image_stack, manifest
+
+    folder = repo / "parts" / "py-op"
+    folder.mkdir()
+    diff = "--- a/vllm/x.py\n+++ b/vllm/x.py\n@@ -1,1 +1,2 @@\n a = 1\n+b = 2\n"
+    (folder / "x.patch").write_text(diff)
+    (folder / "1.toml").write_text(manifest("patch", "py-op", f'''source_repo = "https://github.com/vllm-project/vllm"
+file = "parts/py-op/x.patch"
+sha256 = "{hashlib.sha256(diff.encode()).hexdigest()}"
+applies_to = ["ee0da84ab9e04ac7610e28580af62c365e898389"]
+touches_compiled = false'''))
+    stack = image_stack(repo, "vllm-openai-v0.24.0", patches=("py-op",))
+    result = frank("compose", stack, "--builder", "none", "--json", cwd=repo)
+    assert result.code == 0, result.err
+    plan = json.loads((Path(json.loads(result.out)["out"]) / "plan.json").read_text())
+    lock = json.loads((repo / "stacks" / "img.lock").read_text())
+    runs = {x["name"] for x in plan["layers"] if x["run"] or x["pip_install"] or x["stage"]}
+    listed = {":".join(line.split(":")[:2]) for line in lock["impure"]}
+    assert runs == {"patch:py-op"}
+    assert listed == runs
+    assert "applied with patch to the installed engine in the image" in lock["impure"][0]
