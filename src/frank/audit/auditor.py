@@ -19,12 +19,7 @@ from frank.audit.expect import expected
 from frank.audit.layers import MergedView, read_image, read_large_cuda
 from frank.audit.report import AuditReport, Cost, Difference, load_record, save_record
 from frank.errors import FrankError
-from frank.image.oci import (
-    BASE_DIGEST_ANNOTATION,
-    layout_blob_path,
-    read_layout_blob,
-    resolve_manifest,
-)
+from frank.image.oci import layout_blob_path, read_layout_blob, resolve_manifest
 from frank.resolve.lock import Lock
 from frank.store.blobs import BlobStore
 
@@ -98,11 +93,7 @@ def _base(manifest: dict[str, Any], lock: Lock, root: Path, store: BlobStore
     _, _, base_manifest = resolve_manifest(base.layout, base.digest)
     want = [str(d.get("digest")) for d in base_manifest.get("layers") or []]
     have = [str(d.get("digest")) for d in manifest.get("layers") or []]
-    diffs = []
-    said = (manifest.get("annotations") or {}).get(BASE_DIGEST_ANNOTATION)
-    if said is not None and said != base.digest:
-        diffs.append(Difference(part=f"base:{lock.base_image['name']}", path="manifest",
-                                check="base image", lock=base.digest, image=str(said)))
+    diffs = []  # the layers themselves, not the base annotation (an engine writes its own)
     for i, digest in enumerate(want):
         if i >= len(have) or have[i] != digest:
             diffs.append(Difference(part=f"base:{lock.base_image['name']}", path=f"layer {i}",

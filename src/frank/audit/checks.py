@@ -26,6 +26,9 @@ from frank.hashing import sha256_bytes
 SITE_DIRS = ("site-packages", "dist-packages")
 # files an image's own machinery writes at run or install time, never in a RECORD
 _NOT_OWNED_OK = ("__pycache__",)
+# the empty mount points a container engine leaves in a layer made by a RUN (the runtime
+# mounts its own over them): not content anyone declared, and empty
+ENGINE_MOUNT_POINTS = frozenset({"etc/hostname", "etc/hosts", "etc/resolv.conf"})
 
 
 @dataclass
@@ -255,7 +258,8 @@ class Checker:
                 self.owned[path] = next(p for f, p in free if path == f or
                                         path.startswith(f + "/"))
                 continue
-            if any(x in path.split("/") for x in _NOT_OWNED_OK):
+            if any(x in path.split("/") for x in _NOT_OWNED_OK) or (
+                    path in ENGINE_MOUNT_POINTS and entry.kind == "file" and not entry.size):
                 continue
             self.add("-", path, "file no part declares", "absent",
                      f"{entry.kind} in layer {index}" + (f" sha256 {entry.sha256[:16]}"
