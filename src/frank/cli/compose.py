@@ -65,8 +65,11 @@ def compose(stack: str, out_dir: Path | None, locked: bool, builder: str,
             from frank.audit.auditor import audit_layout
             from frank.audit.report import save_record
 
+            # an output already current is carried over, not written into the stage
+            audited = built.layout if (built.layout / "oci-layout").is_file() \
+                else out / "image"
             with console.status("auditing the image against its lock"):
-                report = audit_layout(built.layout, result.lock, root)
+                report = audit_layout(audited, result.lock, root)
             report = report.model_copy(update={"layout": str(out / "image")})
             save_record(report, stage)
     summary = {
