@@ -71,6 +71,19 @@ def tree_files(root: Path) -> list[Path]:
     return sorted(set(files), key=lambda p: p.relative_to(root).as_posix())
 
 
+def left_out(root: Path) -> list[str]:
+    """Files on disk under ``root`` that ``tree_files`` does not count as content (what git
+    ignores, caches), relative POSIX paths: for a folder whose every file is content (a
+    binary part's cubins), each of these would silently be missing from the image."""
+    with ExitStack() as listing:  # git's listing, as sha256_tree reads it
+        for observer in _OBSERVERS:
+            listing.enter_context(observer.listing())
+        kept = {p.relative_to(root).as_posix() for p in tree_files(root)}
+    return sorted(rel for p in _walk(root)
+                  if (rel := p.relative_to(root).as_posix()) not in kept
+                  and (p.is_file() or p.is_symlink()))
+
+
 def _walk(root: Path) -> list[Path]:
     """Every file and symlink under ``root``; symlinked folders are listed, not entered."""
     out = []

@@ -20,6 +20,7 @@ from frank.errors import NESTED_TOO_DEEP, FrankError
 # command name -> "module:attribute"; each module holds one click command.
 COMMANDS: dict[str, str] = {
     "attest": "frank.cli.attest:attest",
+    "audit": "frank.cli.audit:audit",
     "check": "frank.cli.check:check",
     "compose": "frank.cli.compose:compose",
     "debs": "frank.cli.debs:debs",
@@ -45,6 +46,7 @@ COMMANDS: dict[str, str] = {
 # every command (tests/test_spine_startup.py keeps it equal to each command's own help).
 SUMMARIES: dict[str, str] = {
     "attest": "Write STACK's (or LAYOUT's) SBOM and SLSA provenance, signed, as OCI referrers.",
+    "audit": "Check the image of IMAGE|STACK against its lock: files, distributions, GPU code.",
     "check": "Validate all parts/ manifests and resolve all stacks/ (writes nothing); a parked "
              "or rejected part in any stack is refused.",
     "compose": "Resolve STACK, lock it, plan its layers, write the build context, build the "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -51,6 +52,7 @@ def compose(stack: str, out_dir: Path | None, locked: bool, builder: str,
     plan = build_plan(result.lock, root)
     out = (out_dir or root / "out" / result.lock.stack).absolute()
     built = None
+    report = None
     with staged_output(out) as stage:  # the old output stays whole until this one is
         with status(console, f"writing build context to {out}"):
             from frank.build.context import write_context
@@ -61,6 +63,16 @@ def compose(stack: str, out_dir: Path | None, locked: bool, builder: str,
 
             built = build(plan, root, stage, builder,  # type: ignore[arg-type]
                           mirrors=mirrors, quiet=as_json)
+            from frank.audit.auditor import audit_layout
+            from frank.audit.report import save_record
+
+            # an output already current is carried over, not written into the stage
+            audited = built.layout if (built.layout / "oci-layout").is_file() \
+                else out / "image"
+            with console.status("auditing the image against its lock"):
+                report = audit_layout(audited, result.lock, root)
+            report = report.model_copy(update={"layout": str(out / "image")})
+            save_record(report, stage)
     summary = {
         "stack": result.lock.stack, "lock": str(lock_file), "digest": result.lock.digest,
         "out": str(out), "engine": plan.engine.model_dump() if plan.engine else None,
@@ -71,9 +83,15 @@ def compose(stack: str, out_dir: Path | None, locked: bool, builder: str,
             "digest": built.digest, "layout": str(out / "image"), "builder": built.builder,
             "why": built.why, "layers_built": built.layers_built,
             "layers_reused": built.layers_reused},
+        "audit": None if report is None else {
+            "ok": report.ok, "differences": report.lines(), "seconds": report.cost.seconds,
+            "cpu_seconds": report.cost.cpu_seconds, "files": report.cost.files,
+            "record": str(out / "audit.json")},
     }
     if as_json:
         emit_json(summary)
+        if report is not None and not report.ok:
+            sys.exit(1)
         return
     click.echo(f"{result.lock.stack}: {result.lock.digest}")
     if plan.engine:
@@ -85,3 +103,12 @@ def compose(stack: str, out_dir: Path | None, locked: bool, builder: str,
         click.echo(f"image {built.digest} in {out / 'image'} (builder {built.builder}: "
                    f"{built.why}; {built.layers_built} layers built, "
                    f"{built.layers_reused} reused)")
+    if report is not None:
+        for line in report.lines():
+            click.echo(f"audit: {line}")
+        click.echo(f"audit: {'the image is what the lock says' if report.ok else 'FAILED'} "
+                   f"({report.cost.files} files, {report.cost.bytes / 1e9:.2f} GB in "
+                   f"{report.cost.seconds:.1f} s, {report.cost.cpu_seconds:.1f} s CPU; "
+                   f"{out / 'audit.json'})")
+        if not report.ok:
+            sys.exit(1)

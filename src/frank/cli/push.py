@@ -76,6 +76,9 @@ def push(stack: str, to: str, layout: Path | None, tags: tuple[str, ...],
 
     if not layout.is_dir():
         raise FrankError("no composed image here; run frank compose first", file=layout)
+    from frank.audit.auditor import ensure_audited
+
+    ensure_audited(layout, None, root, what="push it")
     all_tags = list(dict.fromkeys([*default_tags(layout, stack), *tags]))
     check_repository(to)
     if compression != "none":  # before minutes of compression, a registry not there: one line

@@ -59,12 +59,33 @@ class CudaTarget:
         return f"{self.major}.{self.minor}{self.suffix}"  # torch, flashinfer
 
 
+# The compute capabilities NVIDIA has shipped (CUDA 13's list, and the older ones frank may
+# meet in a prebuilt library): a name outside it is a typo (``sm_12`` reads as 1.2, not 12.0).
+KNOWN: frozenset[tuple[int, int]] = frozenset({
+    (3, 0), (3, 2), (3, 5), (3, 7), (5, 0), (5, 2), (5, 3), (6, 0), (6, 1), (6, 2), (7, 0),
+    (7, 2), (7, 5), (8, 0), (8, 6), (8, 7), (8, 8), (8, 9), (9, 0), (10, 0), (10, 1),
+    (10, 3), (11, 0), (12, 0), (12, 1)})
+# ``a`` (this chip only) exists from Hopper on, ``f`` (the family) from Blackwell on
+SUFFIX_FROM = {"a": 9, "f": 10}
+
+
 def parse_arch(value: str) -> CudaTarget:
-    """``sm_120f`` or ``12.0f`` (and the plain and ``a`` forms) -> a target; else ValueError."""
+    """``sm_120f`` or ``12.0f`` (and the plain and ``a`` forms) -> a target; else ValueError
+    (a name of no real compute capability, or a suffix that chip does not have, too)."""
     for pattern in (_SM, _DOTTED):
         m = pattern.fullmatch(value)
         if m:
-            return CudaTarget(int(m.group(1)), int(m.group(2)), m.group(3))
+            target = CudaTarget(int(m.group(1)), int(m.group(2)), m.group(3))
+            if (target.major, target.minor) not in KNOWN:
+                raise ValueError(
+                    f"{value!r} names compute capability {target.major}.{target.minor}, "
+                    "which no NVIDIA GPU has (sm_<major><minor>: sm_120 is 12.0, sm_90 is "
+                    "9.0)")
+            if target.suffix and target.major < SUFFIX_FROM[target.suffix]:
+                raise ValueError(
+                    f"{value!r}: the {target.suffix!r} suffix exists from compute capability "
+                    f"{SUFFIX_FROM[target.suffix]}.0 on")
+            return target
     raise ValueError(f"{value!r} is not a CUDA arch (sm_120, sm_120a, sm_120f, 12.0, 12.0a "
                      "or 12.0f)")
 
@@ -90,3 +111,19 @@ def spell_archs(archs: list[str], form: ArchForm) -> str:
         if word not in out:
             out.append(word)
     return _SEPARATOR[form].join(out)
+
+
+def runs_on(code: CudaTarget, device: CudaTarget, *, ptx: bool) -> bool:
+    """Whether code built for ``code`` runs on a ``device`` of that compute capability.
+
+    The rules CUDA applies: SASS (a cubin) runs on the same major version at the same or a
+    later minor one (sm_120 on 12.0 and 12.1); ``a`` SASS or PTX runs on exactly its chip
+    (sm_120a on 12.0 only); ``f`` code runs on its family (sm_120f on every 12.x from 12.0);
+    plain PTX is compiled by the driver for any later device (compute_90 JITs on 12.0).
+    """
+    same_major_later = device.major == code.major and device.minor >= code.minor
+    if code.suffix == "a":
+        return (device.major, device.minor) == (code.major, code.minor)
+    if code.suffix == "f" or not ptx:
+        return same_major_later
+    return (device.major, device.minor) >= (code.major, code.minor)

@@ -74,15 +74,21 @@ def lock_path(stack_path: Path) -> Path:
     return stack_path.with_suffix(".lock")
 
 
-def impure_steps(resolved: Resolved) -> list[str]:
-    """The parts whose build must run commands inside the image, and why."""
-    from frank.model.kinds.engine import EngineBase
+def impure_steps(resolved: Resolved, closure: bool = False) -> list[str]:
+    """The parts whose build must run commands inside the image, what each runs and what it
+    reaches: exactly the layers the plan runs in a container (``closure``: the lock has a
+    Python closure, so a release-wheel engine, its Python-only patches and pinned package
+    wheels are installed on the host instead)."""
+    from frank.model.kinds.engine import EngineBase, PinnedWheel
     from frank.model.kinds.package import Package
     from frank.model.kinds.patch import Patch
     from frank.model.kinds.step import Step
 
     parts = [rp.manifest.part for rp in resolved.parts]
     compiled = [p.name for p in parts if isinstance(p, Patch) and p.touches_compiled]
+    engine = next((p for p in parts if isinstance(p, EngineBase)), None)
+    hermetic = engine is not None and engine.image is None and not compiled \
+        and engine.wheel is not None and closure
     out = []
     for part in parts:
         if isinstance(part, EngineBase) and part.image is None:
@@ -91,6 +97,20 @@ def impure_steps(resolved: Resolved) -> list[str]:
                            "touch compiled code)")
             elif part.wheel is None:
                 out.append(f"engine:{part.name}: vLLM's precompiled path (no release wheel)")
+            elif not hermetic:
+                out.append(f"engine:{part.name}: release wheel installed by pip in the image, "
+                           "its dependencies from the index (reaches the network)")
+        if isinstance(part, Patch) and engine is not None and not hermetic:
+            where = "fetched by URL in the image (reaches the network), " if part.url else ""
+            if not part.touches_compiled:
+                out.append(f"patch:{part.name}: {where}applied with patch to the installed "
+                           "engine in the image")
+            elif part.url:
+                out.append(f"patch:{part.name}: fetched by URL in the image for the source "
+                           "build (reaches the network)")
+        if isinstance(part, Package) and isinstance(part.wheel, PinnedWheel) and not hermetic:
+            out.append(f"package:{part.name}: wheel installed by pip --require-hashes in the "
+                       "image (reaches the network)")
         if isinstance(part, Package) and part.git is not None:
             out.append(f"package:{part.name}: wheel built from git {part.git.repo} at "
                        f"{part.git.commit} (checked out by frank on the host) in a builder "
@@ -192,7 +212,7 @@ def build_lock(resolved: Resolved, python_closure: dict[str, str] | None = None,
     doc = {**body, "parts": digest_parts, "lock_version": LOCK_VERSION}
     if python_closure is not None:  # its content, not its file name (like the stack's)
         doc["python_closure"] = {k: v for k, v in python_closure.items() if k != "file"}
-    impure = impure_steps(resolved)
+    impure = impure_steps(resolved, closure=python_closure is not None)
     if impure:
         doc["impure"] = impure
     digest = "sha256:" + sha256_json(doc)

@@ -111,6 +111,7 @@ def resolve(stack_path: Path, root: Path, catalog: Catalog | None = None) -> Res
                 f"{name} {version} is {manifests[name].part.status} and has no {missing}; "
                 "it cannot go into a stack", file=file, field=field)
     _check_relations(stack, manifests)
+    _check_archs(stack, manifests)
     base = load_base_image(root, stack.image.base, stack.path)
     _check_engine_image(stack, manifests, base, root)
 
@@ -189,6 +190,36 @@ def _check_engine_image(stack: Stack, manifests: dict[str, Manifest], base: dict
                 f"{image}, {engine.rel}), whose compiled code is prebuilt and cannot take the "
                 "patch; build the engine from source at its commit (drop image) or leave this "
                 "patch out", file=m.path, field="touches_compiled")
+
+
+def _declared_archs(part: object) -> tuple[str, list[str]]:
+    """(field, archs) of the GPU code a part declares it holds or builds."""
+    build = getattr(part, "build", None)
+    for field, archs in (("archs", getattr(part, "archs", None)),
+                         ("build.archs", getattr(build, "archs", None)),
+                         ("cuda_arch_list", getattr(part, "cuda_arch_list", None))):
+        if archs:
+            return field, [a.removesuffix("+PTX") for a in archs]
+    return "", []
+
+
+def _check_archs(stack: Stack, manifests: dict[str, Manifest]) -> None:
+    """A part whose GPU code runs on none of its archs on the stack's ``[target] arch`` is
+    refused: sm_120a runs on 12.0 only, sm_120f on the 12.x family, plain sm_120 on 12.0
+    and later 12.x; code for another major version (sm_90a, sm_100) never runs on 12.0."""
+    from frank.model.archs import parse_arch, runs_on
+
+    if stack.target.arch == "cpu":
+        return
+    device = parse_arch(stack.target.arch)
+    for name, m in manifests.items():
+        field, archs = _declared_archs(m.part)
+        if archs and not any(runs_on(parse_arch(a), device, ptx=False) for a in archs):
+            raise FrankError(
+                f"{name}: none of its archs ({', '.join(archs)}) runs on the stack's target "
+                f"{stack.target.arch} (an 'a' arch runs on that chip only, an 'f' arch on its "
+                "family, a plain one on its own and later minor versions of that major)",
+                file=m.path, field=field)
 
 
 def _image_ref(path: Path) -> str | None:

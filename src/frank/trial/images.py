@@ -58,6 +58,9 @@ def arm_image(trial: Trial, arm: str, lock: dict[str, Any], root: Path, *,
         carried = image_lock(image)
     except FrankError as exc:
         raise FrankError(f"arm {arm}: {exc.message}", file=exc.file, field=exc.field) from None
+    from frank.audit.auditor import ensure_audited
+
+    ensure_audited(layout, None, root, what=f"run arm {arm}")
     for what, found in (("was built from", image.lock_digest),
                         ("carries", carried.get("digest"))):
         if found != spec.digest:

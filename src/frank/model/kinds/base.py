@@ -18,7 +18,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 from frank.errors import FrankError
 from frank.fsutil import repo_path
-from frank.hashing import sha256_file, sha256_tree
+from frank.hashing import left_out, sha256_file, sha256_tree
 from frank.model.pins import check_one_line, matching
 
 FlagValue = str | int | float | bool
@@ -201,17 +201,27 @@ class PartContext:
             )
         return actual
 
-    def tree_hash(self, value: str, field_name: str) -> str:
-        """Hash of a repo directory's content."""
+    def tree_hash(self, value: str, field_name: str, *, every_file: bool = False) -> str:
+        """Hash of a repo directory's content. ``every_file``: each file on disk is content
+        (a folder of binaries), so one git ignores, or a cache folder's, is refused by name
+        rather than silently left out of the hash and the image."""
         path = self.path(value, field_name)
         if not path.is_dir():
             raise FrankError(f"{value!r} is not a directory", file=self.manifest,
                              field=field_name)
         try:
-            return sha256_tree(path)
+            digest = sha256_tree(path)
+            lost = left_out(path) if every_file else []
         except FrankError as exc:  # a symlink leading out of the tree
             raise FrankError(f"{value}: {exc.message}", file=self.manifest,
                              field=field_name) from None
+        if lost:
+            more = f" and {len(lost) - 3} more" if len(lost) > 3 else ""
+            raise FrankError(
+                f"{value}/: {', '.join(lost[:3])}{more} would be left out of the image "
+                "(ignored by git, or a cache name); un-ignore them or move them out",
+                file=self.manifest, field=field_name)
+        return digest
 
 
 check_module = matching(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*",

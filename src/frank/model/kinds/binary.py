@@ -39,7 +39,7 @@ class Binary(PartBase):
         assert self.path is not None
         where = ctx.path(self.path, "path")
         if where.is_dir():
-            digest = ctx.tree_hash(self.path, "path")
+            digest = ctx.tree_hash(self.path, "path", every_file=True)
             if self.sha256 is not None and digest != self.sha256:
                 raise FrankError(f"tree hash mismatch for {self.path}/: manifest says "
                                  f"{self.sha256}, the folder has {digest}",

@@ -1,0 +1,136 @@
+"""Audit an OCI layout against a lock: read, merge, compare, report (and keep the verdict).
+
+The layers are read once (``frank.audit.layers``); what the image must hold comes from the
+lock and its plan (``frank.audit.expect``); ``frank.audit.checks`` compares. The layer blobs
+are not re-hashed against their digests here: ``frank run`` and ``verify`` do that every time
+(``image.verify``), and an image whose digests were all recomputed passes that check anyway;
+what the audit proves is the content.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from frank.audit.checks import Checker, config, cuda_summary, declared_archs
+from frank.audit.expect import expected
+from frank.audit.layers import MergedView, read_image, read_large_cuda
+from frank.audit.report import AuditReport, Cost, Difference, load_record, save_record
+from frank.errors import FrankError
+from frank.image.oci import layout_blob_path, read_layout_blob, resolve_manifest
+from frank.resolve.lock import Lock
+from frank.store.blobs import BlobStore
+
+
+class AuditFailed(FrankError):
+    """The image is not what its lock says (exit 1: a finding, not a bad input)."""
+
+    exit_code = 1
+
+
+def audit_layout(layout: Path, lock: Lock | None, root: Path, *,
+                 store: BlobStore | None = None, require_target: bool = False,
+                 workers: int | None = None) -> AuditReport:
+    """Every difference between the image at ``layout`` and ``lock`` (repo at ``root``);
+    without a lock, the one the image carries."""
+    from frank.build.plan import build_plan
+
+    start, cpu = time.perf_counter(), time.process_time()
+    layout = Path(layout).absolute()
+    store = store or BlobStore()
+    digest, _, manifest = resolve_manifest(layout)
+    cdig = str((manifest.get("config") or {}).get("digest", ""))
+    image_config = json.loads(read_layout_blob(layout, cdig, "config"))
+    descs = manifest.get("layers") or []
+    blobs = [layout_blob_path(layout, str(d.get("digest", ""))) for d in descs]
+    for path, d in zip(blobs, descs, strict=True):
+        if not path.is_file() or path.stat().st_size != int(d.get("size", -1)):
+            raise FrankError(f"layer blob {d.get('digest')} is missing or has the wrong size",
+                             file=path)
+        if "gzip" in str(d.get("mediaType", "")) or "zstd" in str(d.get("mediaType", "")):
+            raise FrankError("compressed layers are not audited: frank writes uncompressed "
+                             "ones (frank compose)", file=path)
+    view = read_image(blobs, workers)
+    if lock is None:
+        lock = _carried(view, layout)
+    plan = build_plan(lock, root)
+    want = expected(plan, lock, root, store)
+    diffs, base_layers = _base(manifest, lock, root, store)
+    read_large_cuda(view)
+    found, owned, base_dists = Checker(view, want, base_layers).run()
+    diffs += found
+    diffs += config(want, image_config)
+    cuda, files = cuda_summary(view, owned, want.target, base_layers)
+    diffs += declared_archs(want, files)
+    if require_target:
+        for owner in cuda:
+            if owner.runs_not:
+                diffs.append(Difference(
+                    part=owner.owner, path=owner.not_examples[0] if owner.not_examples else "-",
+                    check="no code runs on the target", lock=f"SASS or PTX for {want.target}",
+                    image=f"{owner.runs_not} of {owner.files} files with neither (SASS "
+                          f"{' '.join(owner.sass) or '-'}, PTX {' '.join(owner.ptx) or '-'})"))
+    total = sum(p.stat().st_size for p in blobs)
+    nfiles = sum(1 for _, e in view.visible.values() if e.kind == "file")
+    cost = Cost(seconds=round(time.perf_counter() - start, 3),
+                cpu_seconds=round(time.process_time() - cpu, 3), layers=len(blobs),
+                bytes=total, files=nfiles)
+    return AuditReport(layout=str(layout), digest=digest, stack=lock.stack,
+                       lock_digest=lock.digest, target=want.target, ok=not diffs,
+                       require_target=require_target, differences=diffs, notes=want.notes,
+                       cuda=cuda, dists=len(want.dists), base_dists=sorted(base_dists),
+                       cost=cost)
+
+
+def _base(manifest: dict[str, Any], lock: Lock, root: Path, store: BlobStore
+          ) -> tuple[list[Difference], int]:
+    """How many of the image's layers are its base's, checked against the pinned base."""
+    from frank.build.base import resolve_base
+
+    base = resolve_base(root / "images" / f"{lock.base_image['name']}.toml", store, quiet=True)
+    _, _, base_manifest = resolve_manifest(base.layout, base.digest)
+    want = [str(d.get("digest")) for d in base_manifest.get("layers") or []]
+    have = [str(d.get("digest")) for d in manifest.get("layers") or []]
+    diffs = []  # the layers themselves, not the base annotation (an engine writes its own)
+    for i, digest in enumerate(want):
+        if i >= len(have) or have[i] != digest:
+            diffs.append(Difference(part=f"base:{lock.base_image['name']}", path=f"layer {i}",
+                                    check="base layer", lock=digest,
+                                    image=have[i] if i < len(have) else "none"))
+    return diffs, len(want)
+
+
+def _carried(view: MergedView, layout: Path) -> Lock:
+    """The lock the merged image carries at ``/etc/frank/frank.lock``."""
+    from pydantic import ValidationError
+
+    from frank.image.spec import LOCK_IN_IMAGE
+
+    index = view.layer_of(LOCK_IN_IMAGE)
+    entry = view.get(LOCK_IN_IMAGE)
+    if index is None or entry is None or entry.kind != "file":
+        raise FrankError(f"not an image frank built: it holds no {LOCK_IN_IMAGE}", file=layout)
+    try:
+        return Lock.model_validate(json.loads(view.read(index, entry)))
+    except (ValueError, ValidationError) as exc:
+        raise FrankError(f"{LOCK_IN_IMAGE} in the image is not a frank lock ({exc})",
+                         file=layout) from None
+
+
+def ensure_audited(layout: Path, lock: Lock | None, root: Path, *, what: str) -> AuditReport:
+    """The image's audit: the recorded one for its digest, or a new one (recorded when the
+    layout is a compose output). A failed audit refuses ``what`` with its first lines."""
+    digest, _, _ = resolve_manifest(layout)
+    report = load_record(layout, digest)
+    if report is None:
+        report = audit_layout(layout, lock, root)
+        if (Path(layout).parent / "plan.json").is_file():
+            save_record(report, Path(layout).parent)
+    if not report.ok:
+        lines = report.lines()
+        more = f" (and {len(lines) - 3} more; `frank audit {layout}`)" if len(lines) > 3 else ""
+        raise AuditFailed(f"refusing to {what}: the image's audit failed: "
+                          f"{'; '.join(lines[:3])}{more}", file=layout)
+    return report

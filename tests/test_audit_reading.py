@@ -1,0 +1,123 @@
+"""The audit's readers: layers merged as a container sees them, GPU code held to cuobjdump,
+and the rules of which code runs on which device."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from frank.audit.cuda import file_reader, list_with_cuobjdump, read_cuda
+from frank.audit.layers import merge, read_layer
+from frank.model.archs import parse_arch, runs_on
+
+NVCC = shutil.which("nvcc")
+CUOBJDUMP = os.environ.get("CUOBJDUMP") or ""
+
+
+def _layer(path: Path, members: list[tuple[str, str, bytes]]) -> Path:
+    """A tar of (name, kind, data): kind file, dir, link (data is the target)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, kind, data in members:
+            info = tarfile.TarInfo(name)
+            if kind == "dir":
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            elif kind == "link":
+                info.type = tarfile.SYMTYPE
+                info.linkname = data.decode()
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    path.write_bytes(buf.getvalue())
+    return path
+
+
+def test_the_merge_honours_whiteouts_opaque_folders_and_files_over_folders(
+        tmp_path: Path) -> None:
+    long = "deep/" + "x" * 120 + "/file.txt"  # a PAX path header
+    lower = _layer(tmp_path / "0.tar", [
+        ("etc", "dir", b""), ("etc/keep", "file", b"keep"), ("etc/gone", "file", b"gone"),
+        ("opt/a/one", "file", b"1"), ("opt/a/two", "file", b"2"),
+        ("srv/tree/inner", "file", b"inner"), ("lib/old", "file", b"old"),
+        (long, "file", b"long"), ("bin/sh", "link", b"dash"),
+    ])
+    upper = _layer(tmp_path / "1.tar", [
+        ("etc/.wh.gone", "file", b""), ("opt/a/.wh..wh..opq", "file", b""),
+        ("opt/a/three", "file", b"3"), ("srv/tree", "file", b"now a file"),
+        ("lib/old", "file", b"new"), ("lib/.wh.old", "file", b""),  # own layer: kept
+    ])
+    view = merge([read_layer(0, lower), read_layer(1, upper)])
+    assert set(view.visible) >= {"etc/keep", "opt/a/three", "srv/tree", "lib/old", long}
+    for hidden in ("etc/gone", "opt/a/one", "opt/a/two", "srv/tree/inner"):
+        assert hidden not in view.visible, hidden
+    new = view.get("lib/old")
+    assert new is not None and new.sha256 == hashlib.sha256(b"new").hexdigest()
+    assert view.layer_of("lib/old") == 1 and view.layer_of("etc/keep") == 0
+    link = view.get("bin/sh")
+    assert link is not None and link.kind == "symlink" and link.link == "dash"
+    entry = view.get(long)
+    assert entry is not None and view.read(0, entry) == b"long"
+
+
+def test_a_truncated_layer_is_one_line(tmp_path: Path) -> None:
+    from frank.errors import FrankError
+
+    blob = _layer(tmp_path / "0.tar", [("big", "file", b"x" * 5000)])
+    blob.write_bytes(blob.read_bytes()[:2048])
+    with pytest.raises(FrankError, match="not a readable tar"):
+        read_layer(0, blob)
+
+
+@pytest.mark.parametrize(("code", "ptx", "device", "runs"), [
+    ("sm_120", False, "sm_120", True), ("sm_120", False, "sm_121", True),
+    ("sm_121", False, "sm_120", False), ("sm_90", False, "sm_120", False),
+    ("sm_90a", False, "sm_90", True), ("sm_120a", False, "sm_121", False),
+    ("sm_120f", False, "sm_121", True), ("sm_100f", False, "sm_120", False),
+    ("sm_90", True, "sm_120", True), ("sm_90a", True, "sm_120", False),
+    ("sm_121", True, "sm_120", False), ("sm_120f", True, "sm_121", True),
+])
+def test_which_code_runs_on_which_device(code: str, ptx: bool, device: str,
+                                         runs: bool) -> None:
+    assert runs_on(parse_arch(code), parse_arch(device), ptx=ptx) is runs
+
+
+def _nvcc(tmp: Path, out: str, *args: str) -> Path:
+    src = tmp / "k.cu"
+    src.write_text('extern "C" __global__ void k(float *a) { a[threadIdx.x] *= 2.0f; }\n')
+    subprocess.run([str(NVCC), *args, "-o", str(tmp / out), str(src)], check=True,
+                   capture_output=True)
+    return tmp / out
+
+
+@pytest.mark.skipif(NVCC is None or not CUOBJDUMP, reason="needs nvcc and CUOBJDUMP")
+def test_the_gpu_code_read_from_headers_is_what_cuobjdump_lists(tmp_path: Path) -> None:
+    files = [
+        _nvcc(tmp_path, "sm90.cubin", "-cubin", "-arch=sm_90"),
+        _nvcc(tmp_path, "sm90a.cubin", "-cubin", "-arch=sm_90a"),
+        _nvcc(tmp_path, "sm120a.cubin", "-cubin", "-arch=sm_120a"),
+        _nvcc(tmp_path, "lib.so", "-shared", "-Xcompiler", "-fPIC",
+              "-gencode", "arch=compute_80,code=sm_80",
+              "-gencode", "arch=compute_90a,code=sm_90a",
+              "-gencode", "arch=compute_120,code=compute_120"),
+        _nvcc(tmp_path, "rdc.o", "-c", "-rdc=true", "-Xcompiler", "-fPIC", "-arch=sm_120"),
+    ]
+    for path in files:
+        mine = read_cuda(*file_reader(path))
+        assert mine is not None, path
+        assert mine == list_with_cuobjdump(path, CUOBJDUMP), path
+    lib = read_cuda(*file_reader(files[3]))
+    assert lib is not None and lib.sass == {"sm_80", "sm_90a"} and lib.ptx == {"sm_120"}
+    # cuobjdump names family SASS without its suffix; the header keeps it
+    fam = read_cuda(*file_reader(_nvcc(tmp_path, "f.cubin", "-cubin", "-arch=sm_120f")))
+    assert fam is not None and fam.sass == {"sm_120f"}
+    assert list_with_cuobjdump(tmp_path / "f.cubin", CUOBJDUMP).sass == {"sm_120"}
+    assert read_cuda(*file_reader(Path("/bin/sh").resolve())) is None
