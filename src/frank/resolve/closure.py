@@ -162,15 +162,17 @@ def current(request: ClosureRequest, path: Path) -> bool:
     return bool(doc.get("tool", {}).get("frank", {}).get("request") == request.digest())
 
 
-def find_sibling(request: ClosureRequest, out: Path) -> Path | None:
-    """A current pylock of another stack in the same folder that asked the same."""
-    return next((other for other in sorted(out.parent.glob("pylock.*.toml"))
-                 if other != out and current(request, other)), None)
+def find_sibling(request: ClosureRequest, out: Path, own: Path | None = None) -> Path | None:
+    """A current pylock of another stack that asked the same, beside ``own`` (the stack's real
+    pylock: ``out`` may be a working copy elsewhere, as a revert's is)."""
+    own = own or out
+    return next((other for other in sorted(own.parent.glob("pylock.*.toml"))
+                 if other not in (out, own) and current(request, other)), None)
 
 
-def copy_sibling(request: ClosureRequest, out: Path) -> bool:
+def copy_sibling(request: ClosureRequest, out: Path, own: Path | None = None) -> bool:
     """Reuse (copy, offline) another stack's pylock that was resolved from the same request."""
-    other = find_sibling(request, out)
+    other = find_sibling(request, out, own)
     if other is not None:
         write_atomic(out, other.read_bytes())
     return other is not None

@@ -141,14 +141,14 @@ def lock_resolved(resolved: Resolved, path: Path, root: Path, closure: ClosureMo
             and pyclosure.current(request, pylock)))
     stale = resolved_now = False
     if not fresh:
-        if closure == "resolve" and pyclosure.copy_sibling(request, pylock):
+        if closure == "resolve" and pyclosure.copy_sibling(request, pylock, real):
             pass  # another stack here asked for the same closure: reuse it, offline
         elif closure in ("resolve", "upgrade"):
             pyclosure.resolve(request, pylock, stack_file=path)
             resolved_now = True
         elif closure == "check":
             stale = True
-        elif (sibling := pyclosure.find_sibling(request, pylock)) is not None:
+        elif (sibling := pyclosure.find_sibling(request, pylock, real)) is not None:
             pylock = sibling  # a read command on a new stack: another stack's is the same
         else:
             raise FrankError("the Python closure is stale or missing for this stack "
