@@ -417,6 +417,13 @@ def test_an_output_blob_edited_with_its_record_fixed_is_rewritten(mini: Any,
     blobs = [f"sha256:{Path(rel).name}" for rel in doc["files"] if rel.startswith("blobs/")]
     doc["files"] = _stamps(out, blobs)
     record.write_text(json.dumps(doc))
+    # out/'s blobs are links to the store's (issue 41): the edit reached the store's copy
+    # too. Hashed on the way out, it is refused in one line and moved aside, never reported
+    # as current; the next build makes the layer again (compose does that pass itself).
+    from frank.store.blobs import BlobMovedAside
+
+    with pytest.raises(BlobMovedAside):
+        build_image(spec, store, out, quiet=True)
     assert build_image(spec, store, out, quiet=True) == digest
     assert read_layout(out).digest == digest  # every blob hashes to its name again
 

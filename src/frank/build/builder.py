@@ -416,13 +416,18 @@ def build(plan: BuildPlan, root: Path, out_dir: Path, requested: Builder, *,
     (``out_dir`` may be a stage that is thrown away) and the error names it.
     """
     from frank.image.outdir import final_path
+    from frank.store.blobs import BlobMovedAside
 
     name, why = choose_builder(plan, requested)
     layout = out_dir / "image"
     log = out_dir / "build.log"
     try:
         if name == "oci":
-            result = build_oci(plan, root, layout, log=log, mirrors=mirrors, quiet=quiet)
+            try:
+                result = build_oci(plan, root, layout, log=log, mirrors=mirrors, quiet=quiet)
+            except BlobMovedAside as exc:  # healed, not used: the next pass makes it again
+                _log(log, f"{exc.one_line()}; building again")
+                result = build_oci(plan, root, layout, log=log, mirrors=mirrors, quiet=quiet)
         else:
             result = build_with_engine(plan, root, out_dir / "context", layout, name, mirrors)
     except FrankError as exc:

@@ -53,6 +53,7 @@ def compose(stack: str, out_dir: Path | None, locked: bool, builder: str,
     out = (out_dir or root / "out" / result.lock.stack).absolute()
     built = None
     report = None
+    audit_kept = False
     with staged_output(out) as stage:  # the old output stays whole until this one is
         with status(console, f"writing build context to {out}"):
             from frank.build.context import write_context
@@ -64,13 +65,19 @@ def compose(stack: str, out_dir: Path | None, locked: bool, builder: str,
             built = build(plan, root, stage, builder,  # type: ignore[arg-type]
                           mirrors=mirrors, quiet=as_json)
             from frank.audit.auditor import audit_layout
-            from frank.audit.report import save_record
+            from frank.audit.report import load_record, save_record
 
             # an output already current is carried over, not written into the stage
             audited = built.layout if (built.layout / "oci-layout").is_file() \
                 else out / "image"
-            with console.status("auditing the image against its lock"):
-                report = audit_layout(audited, result.lock, root)
+            # nothing built: the image is the one the last compose audited (same digest, its
+            # blobs hashed again by the output check), as run and push reuse that record
+            report = load_record(out / "image", built.digest) if built.layers_built == 0 \
+                else None
+            audit_kept = report is not None
+            if report is None:
+                with console.status("auditing the image against its lock"):
+                    report = audit_layout(audited, result.lock, root)
             report = report.model_copy(update={"layout": str(out / "image")})
             save_record(report, stage)
     summary = {
@@ -86,7 +93,7 @@ def compose(stack: str, out_dir: Path | None, locked: bool, builder: str,
         "audit": None if report is None else {
             "ok": report.ok, "differences": report.lines(), "seconds": report.cost.seconds,
             "cpu_seconds": report.cost.cpu_seconds, "files": report.cost.files,
-            "record": str(out / "audit.json")},
+            "record": str(out / "audit.json"), "kept": audit_kept},
     }
     if as_json:
         emit_json(summary)
@@ -109,6 +116,7 @@ def compose(stack: str, out_dir: Path | None, locked: bool, builder: str,
         click.echo(f"audit: {'the image is what the lock says' if report.ok else 'FAILED'} "
                    f"({report.cost.files} files, {report.cost.bytes / 1e9:.2f} GB in "
                    f"{report.cost.seconds:.1f} s, {report.cost.cpu_seconds:.1f} s CPU; "
+                   f"{'kept from the compose that built this digest; ' if audit_kept else ''}"
                    f"{out / 'audit.json'})")
         if not report.ok:
             sys.exit(1)

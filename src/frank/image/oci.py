@@ -29,7 +29,7 @@ from frank.errors import FrankError
 from frank.image.layer import build_layer
 from frank.image.progress import status
 from frank.image.spec import ImageSpec
-from frank.store.blobs import BlobStore, check_digest, sha256_bytes, sha256_file
+from frank.store.blobs import BlobMovedAside, BlobStore, check_digest, sha256_bytes, sha256_file
 
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -382,12 +382,18 @@ def write_layout(store: BlobStore, out: Path, index_raw: bytes, blobs: list[str]
     out = out.absolute()
     final = final_path(out)
     wanted = list(dict.fromkeys(blobs))
-    sources = {d: store.verified_path(d) for d in wanted}
     record = _output_record_path(store, final)
     with record.with_suffix(".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two builds into one output take turns
-        if not (_output_is_current(final, index_raw, wanted, record)
-                and _blobs_match(final, wanted)):
+        # Current: the same index, exactly these blobs with the layout's mode and mtime, each
+        # hashing to its name. Not the stat stamps: out/'s blobs are links to the store's,
+        # so every later link or unlink of the inode moves its ctime, and the hash decides.
+        if not (_output_is_current(final, index_raw, wanted, record, stamps=False)
+                and _meta_fixed(final, wanted, epoch) and _blobs_match(final, wanted)):
+            # every blob is hashed on its way out (linked or copied) unless this build wrote
+            # it: the store's stamp need not be trusted (nor a full hash paid twice) here
+            sources = {d: store.path(d) if store.path(d).is_file() else store.verified_path(d)
+                       for d in wanted}
             _write_layout_locked(store, out, index_raw, sources, record, epoch, final,
                                  fresh=fresh)
         elif final != out:
@@ -414,7 +420,7 @@ def _link_blob(store: BlobStore, digest: str, src: Path, dest: Path, epoch: int,
             actual = sha256_file(dest)
             if actual != digest:
                 store._quarantine(src)
-                raise FrankError(f"cached blob does not match its digest {digest} (content "
+                raise BlobMovedAside(f"cached blob does not match its digest {digest} (content "
                                  f"is {actual}); it was moved aside, rebuild to re-create it",
                                  file=src)
         _fix_meta(dest, 0o644, epoch)
@@ -440,14 +446,42 @@ def _copy_verified(store: BlobStore, digest: str, src: Path, dest: Path) -> None
     actual = sha256_file(dest)
     if actual != digest:
         store._quarantine(src)
-        raise FrankError(f"cached blob does not match its digest {digest} (content is "
+        raise BlobMovedAside(f"cached blob does not match its digest {digest} (content is "
                          f"{actual}); it was moved aside, rebuild to re-create it", file=src)
+
+
+def _meta_fixed(layout: Path, blobs: list[str], epoch: int) -> bool:
+    """Whether every file of the layout has the mode and mtime frank gives it."""
+    try:
+        return all(stat.S_IMODE(st.st_mode) == 0o644
+                   and st.st_mtime_ns == epoch * 1_000_000_000
+                   for st in ((layout / rel).stat() for rel in _layout_files(layout, blobs)))
+    except OSError:
+        return False
 
 
 def _blobs_match(layout: Path, blobs: list[str]) -> bool:
     """Whether every blob of the output in place hashes to its name: its record in the
-    cache says it is untouched, but a record can be edited as easily as a blob."""
-    return all(sha256_file(layout_blob_path(layout, d)) == d for d in blobs)
+    cache says it is untouched, but a record can be edited as easily as a blob. One blob per
+    core at a time (hashlib lets go of the GIL): a no-op compose of a 10 GB image pays this."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def ok(d: str) -> bool:
+        try:
+            return sha256_file(layout_blob_path(layout, d)) == d
+        except OSError:
+            return False
+
+    big_first = sorted(blobs, key=lambda d: -_size(layout_blob_path(layout, d)))
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        return all(pool.map(ok, big_first))
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _reusable(final: Path, record: Path) -> dict[str, Path]:
@@ -533,15 +567,17 @@ def _output_record_path(store: BlobStore, out: Path) -> Path:
     return d / sha256_bytes(str(out).encode()).split(":", 1)[1]
 
 
-def _output_is_current(out: Path, index_raw: bytes, blobs: list[str], record: Path) -> bool:
-    """Whether ``out`` is the layout frank last wrote there for this index, unmodified."""
+def _output_is_current(out: Path, index_raw: bytes, blobs: list[str], record: Path, *,
+                       stamps: bool = True) -> bool:
+    """Whether ``out`` is the layout frank last wrote there for this index, unmodified (by
+    its files' stat stamps too, unless ``stamps`` is False: the caller hashes them)."""
     try:
         doc = json.loads(record.read_bytes())
         if doc.get("index") != sha256_bytes(index_raw):
             return False
         if (out / "index.json").read_bytes() != index_raw:
             return False
-        if doc.get("files") != _stamps(out, blobs):
+        if stamps and doc.get("files") != _stamps(out, blobs):
             return False
         present = {p.name for p in (out / "blobs" / "sha256").iterdir()}
         return present == {d.split(":", 1)[1] for d in blobs}

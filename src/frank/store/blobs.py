@@ -44,6 +44,11 @@ from frank.model.pins import DIGEST_RE as DIGEST_RE
 _CHUNK = 1 << 20
 
 
+class BlobMovedAside(FrankError):
+    """A stored blob did not hash to its name and was moved aside: building again makes it
+    anew (the layer index no longer finds it), so a build may retry once."""
+
+
 def default_root() -> Path:
     """FRANK_CACHE if set, else ~/.cache/frank: one cache per user, shared by all stacks."""
     env = os.environ.get("FRANK_CACHE")
@@ -183,7 +188,7 @@ class BlobStore:
         actual = sha256_file(path)
         if actual != digest:
             self._quarantine(path)
-            raise FrankError(
+            raise BlobMovedAside(
                 f"cached blob does not match its digest {digest} (content is {actual}); "
                 "it was moved aside, rebuild to re-create it",
                 file=path,
