@@ -20,7 +20,8 @@ def copy_repo(dest: Path) -> Path:
         if (REPO / name).is_dir():
             shutil.copytree(REPO / name, dest / name,
                             ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "build",
-                                                          "*.egg-info", "*.so", "*.o"))
+                                                          "*.egg-info", "*.so", "*.o",
+                                                          ".frank.lock"))
     return dest
 
 
@@ -42,9 +43,11 @@ def frank(*args: str, cwd: Path) -> Result:
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
-    """Every file under root with its bytes: to prove a failed command wrote nothing."""
+    """Every file under root with its bytes: to prove a failed command wrote nothing. The
+    repo lock (``stacks/.frank.lock``, empty, held with fcntl by every writing command, even
+    one that then refuses) is no content and is left out."""
     return {p.relative_to(root).as_posix(): p.read_bytes()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+            for p in sorted(root.rglob("*")) if p.is_file() and p.name != ".frank.lock"}
 
 
 def processes_mentioning(text: str) -> list[int]:
