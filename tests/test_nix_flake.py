@@ -32,7 +32,8 @@ STUB_PACKAGES = ["buildah", "skopeo", "umoci", "gnupg", "distribution", "git",
 STUB_PYTHON_PACKAGES = ["setuptools", "pydantic", "click", "tomlkit", "rich", "pytest",
                         "huggingface-hub", "packaging", "installer", "uv", "python-debian",
                         "cyclonedx-python-lib", "in-toto-attestation", "cryptography",
-                        "kubernetes", "pyyaml", "jsonschema"]
+                        "kubernetes", "pyyaml", "jsonschema", "isal", "docker",
+                        "zstandard"]
 STUB_CUDA_PACKAGES = ["cuda_nvcc", "cuda_cudart", "cuda_cccl"]
 
 STUB_NIXPKGS_FLAKE = """{
@@ -275,9 +276,9 @@ def test_package_and_dev_shell_are_what_the_flake_promises(nix: Nix, stubs: dict
     name = nix.eval_json(flake, stubs, "packages.x86_64-linux.default.name")
     assert name == "frank-0.1.0"
     deps = nix.eval_json(flake, stubs, "packages.x86_64-linux.frank.dependencyNames")
-    assert deps == ["pydantic", "click", "tomlkit", "rich", "packaging", "installer", "uv",
-                    "python-debian", "cyclonedx-python-lib", "in-toto-attestation",
-                    "cryptography", "kubernetes", "pyyaml", "jsonschema"]
+    assert deps == ["pydantic", "click", "tomlkit", "rich", "packaging", "installer", "isal",
+                    "uv", "python-debian", "cyclonedx-python-lib", "in-toto-attestation",
+                    "cryptography", "kubernetes", "pyyaml", "jsonschema", "docker", "zstandard"]
     assert nix.eval_json(flake, stubs, "packages.x86_64-linux.frank.meta.mainProgram") == "frank"
     # The dev shell: Python 3.11, nvcc, the image tools and the test registry.
     shell = "devShells.x86_64-linux.default"
