@@ -27,3 +27,7 @@ def _answer_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     between runs, so a second run builds nothing again, and never the user's ~/.cache/frank."""
     os.environ.setdefault("FRANK_CACHE_DIR", str(tmp_path_factory.mktemp("frank-cache")))
     os.environ.setdefault("FRANK_CACHE", str(TEST_CACHE))
+    # Commands under test say only their own words: with a cold cache a step of theirs runs
+    # long enough for a progress line (frank.image.progress, tested on its own), which tests
+    # that count an error's lines would take for a second line.
+    os.environ.setdefault("FRANK_PROGRESS_AFTER", "3600")

@@ -4,19 +4,30 @@ Why not the spinner alone: rich shows nothing when stderr is not a terminal, so 
 compose was silent for minutes in a CI log. Off a terminal a step that is still running
 after ``FIRST_S`` prints ``frank: <step> ...`` and then a line every ``EVERY_S`` with the time
 so far, and ``done`` when it ends; a step quicker than that prints nothing, so a command that
-fails at once still says one line.
+fails at once still says one line. ``FRANK_PROGRESS_AFTER`` (seconds) moves that threshold
+(the test suite sets it high: a cold cache there makes slow steps of commands under test).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Iterator
 
 from rich.console import Console
 
-FIRST_S = 3.0
+
+def _after() -> float:
+    try:
+        value = float(os.environ.get("FRANK_PROGRESS_AFTER", "3"))
+    except ValueError:
+        return 3.0
+    return value if value > 0 and value != float("inf") else 3.0
+
+
+FIRST_S = _after()
 EVERY_S = 30.0
 
 
