@@ -63,3 +63,18 @@ def processes_mentioning(text: str) -> list[int]:
             except OSError:
                 continue
     return out
+
+
+def audit_recorded(layout: Path, stack: str = "demo") -> None:
+    """Record a passed audit for a hand-made stand-in image (no frank lock, or no layers),
+    which `frank push` refuses unaudited: for tests about the registry or the push record,
+    not the audit (that is tests/test_audit.py's)."""
+    import json
+
+    from frank.audit.report import AuditReport, Cost, save_record
+
+    digest = json.loads((layout / "index.json").read_text())["manifests"][0]["digest"]
+    save_record(AuditReport(layout=str(layout), digest=digest, stack=stack,
+                            lock_digest="sha256:" + "0" * 64, target="sm_120", ok=True,
+                            cost=Cost(seconds=0, cpu_seconds=0, layers=0, bytes=0, files=0)),
+                layout.parent)

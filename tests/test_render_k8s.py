@@ -13,7 +13,7 @@ import yaml
 
 from frank.ship.render.crd import lws_errors
 from tests.k8s_helpers import docs, fake_layout, kubernetes_validate, lock_digest, pushed
-from tests.spine_helpers import Result, frank, snapshot
+from tests.spine_helpers import Result, audit_recorded, frank, snapshot
 
 REVISION = "982b70452f399814f56b46272fd30394ae10d58c"  # exl3-pack's pinned hub revision
 
@@ -301,16 +301,9 @@ def _fake_skopeo(tmp_path: Path, manifest: str, answer: Path) -> Path:
 
 
 def _push_with(bin_dir: Path, repo: Path, to: str) -> Result:
-    # the fake layout has no layers (render reads only its lock digest), which `frank push`
-    # refuses unaudited; these tests are about the push record, so its audit is recorded
-    from frank.audit.report import AuditReport, Cost, save_record
-
-    layout = repo / "out" / "served" / "image"
-    digest = json.loads((layout / "index.json").read_text())["manifests"][0]["digest"]
-    save_record(AuditReport(layout=str(layout), digest=digest, stack="served",
-                            lock_digest="sha256:" + "0" * 64, target="sm_120", ok=True,
-                            cost=Cost(seconds=0, cpu_seconds=0, layers=0, bytes=0, files=0)),
-                layout.parent)
+    # the fake layout has no layers (render reads only its lock digest): push refuses it
+    # unaudited, and these tests are about the push record
+    audit_recorded(repo / "out" / "served" / "image", "served")
     os.environ["PATH"] = f"{bin_dir}:{os.environ['PATH']}"
     try:
         return frank("push", "--compression", "none", "served", "--to", to, cwd=repo)

@@ -15,6 +15,7 @@ from frank.image.oci import build_image
 from frank.image.remote import pull_layout, push_layout, read_image
 from frank.store.blobs import BlobStore
 from tests.image.image_helpers import free_port, make_sources, make_spec
+from tests.spine_helpers import audit_recorded
 
 pytestmark = pytest.mark.slow
 
@@ -23,18 +24,6 @@ pytestmark = pytest.mark.slow
 def built(tmp_path: Path, mini_base: BaseImage, store: BlobStore) -> tuple[Path, str]:
     out = tmp_path / "out"
     return out, build_image(make_spec(mini_base, make_sources(tmp_path / "src")), store, out)
-
-
-def audit_recorded(layout: Path, digest: str) -> None:
-    """These tests are about the registry, and their image is no frank image (its lock is a
-    stand-in), which `frank push` refuses unaudited; record its audit as passed, as compose
-    records one (the audit itself is tests/test_audit.py's)."""
-    from frank.audit.report import AuditReport, Cost, save_record
-
-    save_record(AuditReport(layout=str(layout), digest=digest, stack="demo",
-                            lock_digest="sha256:" + "0" * 64, target="sm_120", ok=True,
-                            cost=Cost(seconds=0, cpu_seconds=0, layers=0, bytes=0, files=0)),
-                layout.parent)
 
 
 def test_push_pull_roundtrip(registry: str, built: tuple[Path, str], tmp_path: Path) -> None:
@@ -60,7 +49,7 @@ def test_push_cli_and_inspect_cli(registry: str, built: tuple[Path, str]) -> Non
             f"{registry}/frank/cli", "--layout", str(layout)]
     r = runner.invoke(cli, push)  # an image no audit passed is refused, in one line
     assert r.exit_code == 2 and "not a frank lock" in r.output and r.output.count("\n") == 1
-    audit_recorded(layout, digest)
+    audit_recorded(layout)
     r = runner.invoke(cli, push)
     assert r.exit_code == 0, r.output
     assert r.output.splitlines()[0] == f"{registry}/frank/cli@{digest}"
@@ -93,8 +82,8 @@ def test_registry_refusing_is_one_line(readonly_registry: str, built: tuple[Path
 
 
 def test_cli_error_is_one_line_exit_2(built: tuple[Path, str]) -> None:
-    layout, digest = built
-    audit_recorded(layout, digest)
+    layout, _ = built
+    audit_recorded(layout)
     r = CliRunner().invoke(cli, ["push", "demo", "--to", f"127.0.0.1:{free_port()}/x/y",
                                  "--layout", str(layout)])
     assert r.exit_code == 2
@@ -121,8 +110,8 @@ def test_a_registry_that_asks_for_a_login_is_one_line_naming_it(
 
     proc, host = start_registry(tmp_path / "auth", auth=True)
     try:
-        layout, digest = built
-        audit_recorded(layout, digest)
+        layout, _ = built
+        audit_recorded(layout)
         for extra in ([], ["--compression", "none"]):
             r = CliRunner().invoke(cli, ["push", "demo", "--to", f"{host}/x/y", "--layout",
                                          str(layout), *extra])

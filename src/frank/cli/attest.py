@@ -15,10 +15,11 @@ KEY_ENV = "FRANK_SIGNING_KEY"
 
 def layout_and_root(target: str) -> tuple[Path, Path | None, str | None]:
     """(layout, repo root or None, the stack's current lock digest) for a stack or layout."""
-    from frank.cli.run import _layout_of
+    from frank.cli.targets import built_image
     from frank.fsutil import find_repo_root
 
-    layout, stack_digest, _ = _layout_of(target)
+    layout, locked = built_image(target)
+    stack_digest = locked.lock.digest if locked else None
     try:
         root: Path | None = find_repo_root(Path.cwd())
     except FrankError:

@@ -8,32 +8,10 @@ files). Exit 0: the image is what the lock says; 1: it is not (every difference 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
 from frank.cli.output import emit_json, json_option
-from frank.errors import FrankError
-from frank.resolve.lock import Lock
-
-
-def _target(target: str) -> tuple[Path, Lock | None, Path]:
-    """(layout, lock, repo root) for a stack name or path; a layout folder is audited
-    against the lock it carries (None here)."""
-    from frank.resolve.project import lock_stack, repo_root_for
-
-    path = Path(target)
-    for candidate in (path, path / "image"):
-        if (candidate / "oci-layout").is_file():
-            return candidate.absolute(), None, repo_root_for(None)
-    if path.is_dir():
-        raise FrankError("not an OCI layout (no oci-layout file) and not a stack", file=path)
-    result = lock_stack(target)
-    layout = result.resolved.root / "out" / result.lock.stack / "image"
-    if not (layout / "oci-layout").is_file():
-        raise FrankError(f"no image built for stack {result.lock.stack} "
-                         f"(run `frank compose {target}`)", file=layout)
-    return layout, result.lock, result.resolved.root
+from frank.cli.targets import built_image
 
 
 @click.command("audit")
@@ -49,7 +27,13 @@ def audit(target: str, require_target: bool, as_json: bool) -> None:
     from frank.audit.auditor import audit_layout
     from frank.audit.report import save_record
 
-    layout, lock, root = _target(target)
+    layout, locked = built_image(target)
+    if locked is None:
+        from frank.resolve.project import repo_root_for
+
+        lock, root = None, repo_root_for(None)
+    else:
+        lock, root = locked.lock, locked.resolved.root
     report = audit_layout(layout, lock, root, require_target=require_target)
     if (layout.parent / "plan.json").is_file() and not require_target:
         save_record(report, layout.parent)

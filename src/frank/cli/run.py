@@ -20,6 +20,7 @@ import click
 
 from frank.build.engines import Engine, EngineName
 from frank.cli.output import SECONDS, json_option
+from frank.cli.targets import built_image
 from frank.errors import FrankError
 
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -33,24 +34,6 @@ def _env_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
             raise FrankError(f"{pair!r} is not KEY=VALUE", field="--env")
         out[key] = value
     return out
-
-
-def _layout_of(target: str) -> tuple[Path, str | None, str | None]:
-    """(layout, the stack's current lock digest, the stack argument) for a stack or layout."""
-    path = Path(target)
-    for candidate in (path, path / "image"):
-        if (candidate / "oci-layout").is_file():
-            return candidate.absolute(), None, None
-    if path.is_dir():
-        raise FrankError("not an OCI layout (no oci-layout file) and not a stack", file=path)
-    from frank.resolve.project import lock_stack
-
-    result = lock_stack(target)
-    layout = result.resolved.root / "out" / result.lock.stack / "image"
-    if not (layout / "oci-layout").is_file():
-        raise FrankError(f"no image built for stack {result.lock.stack} "
-                         f"(run `frank compose {target}`)", file=layout)
-    return layout, result.lock.digest, target
 
 
 def _engine(name: str, print_only: bool) -> Engine:
@@ -98,7 +81,8 @@ def run_cmd(target: str, args: tuple[str, ...], engine_name: str, hub_cache: Pat
     from frank.run import container as image_run
 
     extra_env = _env_pairs(env_pairs)
-    layout, stack_digest, stack = _layout_of(target)
+    layout, locked = built_image(target)
+    stack_digest, stack = (locked.lock.digest, target) if locked else (None, None)
     image = verify_layout(layout)
     if stack_digest is not None and image.lock_digest != stack_digest:
         raise FrankError(f"the image was built from lock {image.lock_digest}, the stack's lock "
