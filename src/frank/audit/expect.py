@@ -209,10 +209,12 @@ def _wheel_version(spec: dict[str, object]) -> str | None:
     """The version a package part's pinned wheel file names (None for a git build)."""
     from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
+    from frank.model.pins import wheel_filename
+
     wheel = spec.get("wheel")
     if not isinstance(wheel, dict):
         return None
-    name = str(wheel.get("filename") or str(wheel.get("url", "")).rsplit("/", 1)[-1])
+    name = str(wheel.get("filename") or wheel_filename(str(wheel.get("url", ""))))
     try:
         return str(parse_wheel_filename(name)[1])
     except InvalidWheelFilename:

@@ -122,9 +122,11 @@ def diff_locks(a: Lock, b: Lock, root: Path,
     parts = part_changes(a, b)
     config = field_changes(
         {"model": a.model, "target": a.target, "base_image": a.base_image,
-         "command": a.command, "flags": a.flags, "env": a.env, "plugins": a.plugins},
+         "command": a.command, "flags": a.flags, "env": a.env, "plugins": a.plugins,
+         "indexes": a.indexes},
         {"model": b.model, "target": b.target, "base_image": b.base_image,
-         "command": b.command, "flags": b.flags, "env": b.env, "plugins": b.plugins},
+         "command": b.command, "flags": b.flags, "env": b.env, "plugins": b.plugins,
+         "indexes": b.indexes},
     )
     pa_, pb_ = build_plan(a, root, closures[0]), build_plan(b, root, closures[1])
     la = {x.name: x for x in pa_.layers}

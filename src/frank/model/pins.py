@@ -106,6 +106,29 @@ def check_url(value: object) -> object:
     return value
 
 
+def wheel_filename(url: str) -> str:
+    """A wheel's file name from its URL, unescaped: an index spells a local version's "+"
+    as "%2B" (``torch-2.11.0%2Bcu128-...whl``), which is not a wheel name until unescaped."""
+    from urllib.parse import unquote, urlsplit
+
+    return unquote(urlsplit(url).path.rsplit("/", 1)[-1])
+
+
+def check_index_url(value: str) -> str:
+    """A package index's URL (PEP 503 simple API): no user or password in it, since the
+    URL is written into the stack's lock and pylock (give credentials to the network
+    layer, not the stack)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(value)
+    if parts.username is not None or parts.password is not None:
+        raise ValueError(f"{value!r} holds credentials (user or password): the URL is "
+                         "written into the lock")
+    if parts.query or parts.fragment:
+        raise ValueError(f"{value!r} has a query or fragment; an index is a plain URL")
+    return value
+
+
 def check_relative_path(value: str) -> str:
     """A relative path (a subdirectory, a file in a hub repo) that stays where it is put:
     portable file-name characters, no '..', no leading '/'."""
@@ -160,3 +183,4 @@ class _HttpUrlText:
 # A newline or tab is checked before parsing: the URL parser would drop it silently.
 SafeHttpUrl = Annotated[str, _HttpUrlText, BeforeValidator(check_raw_one_line),
                         AfterValidator(check_url)]
+IndexUrl = Annotated[SafeHttpUrl, AfterValidator(check_index_url)]

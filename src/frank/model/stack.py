@@ -35,7 +35,7 @@ from frank.model.kinds.base import (
 )
 from frank.model.kinds.env import EnvName, EnvValue
 from frank.model.kinds.kernel import Arch
-from frank.model.pins import OneLine
+from frank.model.pins import Distribution, IndexUrl, OneLine
 from frank.model.tomlio import read_toml, validation_to_error
 
 # How deep ``extends`` may go: far past any real stack, well short of a runaway chain.
@@ -84,6 +84,9 @@ class StackFile(Strict):
     replace: dict[Slug, Slug] = {}
     remove_flags: list[FlagName] = []
     remove_env: list[EnvName] = []
+    # package indexes besides PyPI, and which distributions come from which (explicit)
+    indexes: dict[Slug, IndexUrl] = {}
+    from_index: dict[Distribution, Slug] = {}
 
     @field_validator("flags")
     @classmethod
@@ -115,6 +118,10 @@ class Stack:
     # part name -> (stack file, field) that put it there at its current version
     origin: dict[str, tuple[Path, str]] = field(default_factory=dict)
     chain: list[Path] = field(default_factory=list)
+    indexes: dict[str, str] = field(default_factory=dict)  # name -> URL
+    # canonical distribution name -> index name, and the (stack file, field) that mapped it
+    from_index: dict[str, str] = field(default_factory=dict)
+    index_origin: dict[str, tuple[Path, str]] = field(default_factory=dict)
 
 
 def load_stack_file(path: Path) -> StackFile:
@@ -199,10 +206,36 @@ def _parent_path(path: Path, extends: str, root: Path) -> Path:
     return parent
 
 
+def _with_indexes(stack: Stack, sf: StackFile, path: Path) -> Stack:
+    """``stack`` with ``sf``'s indexes and mappings merged over what it has; each mapping
+    must name an index of the stack, each index must serve a distribution."""
+    from packaging.utils import canonicalize_name
+
+    stack.indexes = {**stack.indexes, **sf.indexes}
+    stack.from_index, stack.index_origin = dict(stack.from_index), dict(stack.index_origin)
+    written: dict[str, str] = {}
+    for dist, name in sf.from_index.items():
+        key, where = canonicalize_name(dist), f"from_index.{dist}"
+        if key in written:
+            raise FrankError(f"the same distribution as {written[key]!r}", file=path,
+                             field=where)
+        if name not in stack.indexes:
+            raise FrankError(f"{name!r} is not an index of this stack (declare it in "
+                             "[indexes])", file=path, field=where)
+        written[key] = dist
+        stack.from_index[key], stack.index_origin[key] = name, (path, where)
+    for name in stack.indexes:
+        if name not in stack.from_index.values():
+            raise FrankError("no distribution comes from it (map one to it in [from_index]; "
+                             "an index is explicit, like uv's)", file=path,
+                             field=f"indexes.{name}")
+    return stack
+
+
 def _root_stack(path: Path, sf: StackFile) -> Stack:
     """A stack without ``extends``: its own model, target, image and parts."""
     assert sf.parts is not None and sf.model and sf.target and sf.image
-    return Stack(
+    return _with_indexes(Stack(
         path=path, name=path.stem,
         model=_sub_model(ModelSpec, sf.model, path, "model"),
         target=_sub_model(Target, sf.target, path, "target"),
@@ -210,7 +243,7 @@ def _root_stack(path: Path, sf: StackFile) -> Stack:
         command=sf.command or ["vllm", "serve"], flags=dict(sf.flags), env=dict(sf.env),
         parts=dict(sf.parts),
         origin={n: (path, f"parts.{n}") for n in sf.parts}, chain=[path],
-    )
+    ), sf, path)
 
 
 def _apply(parent: Stack, sf: StackFile, path: Path) -> Stack:
@@ -250,11 +283,12 @@ def _apply(parent: Stack, sf: StackFile, path: Path) -> Stack:
         return current if raw is None else _sub_model(cls, {**current.model_dump(), **raw},
                                                       path, f)
 
-    return Stack(
+    return _with_indexes(Stack(
         path=path, name=path.stem,
         model=merged(ModelSpec, parent.model, sf.model, "model"),
         target=merged(Target, parent.target, sf.target, "target"),
         image=merged(ImageChoice, parent.image, sf.image, "image"),
         command=sf.command or parent.command, flags=flags, env=env, parts=parts,
         origin=origin, chain=[*parent.chain, path],
-    )
+        indexes=parent.indexes, from_index=parent.from_index, index_origin=parent.index_origin,
+    ), sf, path)

@@ -8,13 +8,16 @@ carries ``[tool.frank].request``, the hash of what was asked for, so ``frank loc
 --check`` can tell offline whether it is current and ``frank lock`` re-resolves only when
 an input changed or ``--upgrade`` is given. The stack digest covers the pylock's sha256.
 
-uv does the resolving (it reads no pip configuration: only PyPI, plus the folders of
-local wheels a part pins); frank only turns parts into a request and picks, per package,
-the one wheel that fits the target.
+uv does the resolving (it reads no pip configuration: only PyPI, the folders of local
+wheels a part pins, and the indexes the stack declares, each explicit as uv's
+``[[tool.uv.index]] explicit = true``: it serves only the distributions the stack's
+``[from_index]`` maps to it, through ``tool.uv.sources``); frank only turns parts into a
+request and picks, per package, the one wheel that fits the target.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -59,14 +62,21 @@ class ClosureRequest:
     excludes: list[str] = field(default_factory=list)
     local_wheels: list[LocalWheel] = field(default_factory=list)
     pinned: dict[str, str] = field(default_factory=dict)  # distribution -> sha256 it must have
+    indexes: dict[str, str] = field(default_factory=dict)  # name -> URL, besides PyPI
+    from_index: dict[str, str] = field(default_factory=dict)  # distribution -> index name
+    # distribution -> (stack file, field) that mapped it: where an error points, not hashed
+    index_origin: dict[str, tuple[Path, str]] = field(default_factory=dict, compare=False)
 
     def digest(self) -> str:
+        # the indexes only when there are any: a stack without keeps its pylock current
+        extra = {"indexes": dict(sorted(self.indexes.items())),
+                 "from_index": dict(sorted(self.from_index.items()))} if self.indexes else {}
         return sha256_json({
             "format": CLOSURE_FORMAT, "python": self.python, "platform": self.platform,
             "requirements": sorted(self.requirements), "overrides": sorted(self.overrides),
             "excludes": sorted(self.excludes),
             "local_wheels": sorted(w.sha256 for w in self.local_wheels),
-            "pinned": dict(sorted(self.pinned.items())),
+            "pinned": dict(sorted(self.pinned.items())), **extra,
         })
 
 
@@ -87,7 +97,10 @@ def request_for(resolved: Resolved) -> ClosureRequest | None:
     from frank.model.kinds.base import PartContext
     from frank.model.kinds.engine import EngineBase
 
-    request = ClosureRequest(python=DEFAULT_PYTHON)
+    stack = resolved.stack
+    request = ClosureRequest(python=DEFAULT_PYTHON, indexes=dict(stack.indexes),
+                             from_index=dict(stack.from_index),
+                             index_origin=dict(stack.index_origin))
     for rp in resolved.parts:
         part = rp.manifest.part
         if isinstance(part, EngineBase):
@@ -99,8 +112,36 @@ def request_for(resolved: Resolved) -> ClosureRequest | None:
         request.local_wheels += [LocalWheel(Path(p), sha) for p, sha in needs.local_wheels]
         request.pinned.update(needs.pinned)
     if not request.requirements:
+        if request.from_index:  # an index with nothing to serve would be ignored: refuse
+            dist = sorted(request.from_index)[0]
+            path, where = request.index_origin[dist]
+            raise FrankError(f"{dist} is not in the stack's Python closure (no part brings "
+                             "Python packages)", file=path, field=where)
         return None
     return request
+
+
+_PROJECT = "frank-closure-request"
+
+
+def _project(request: ClosureRequest) -> str:
+    """A pyproject.toml asking for the request's requirements, with its indexes explicit
+    and each mapped distribution sourced from its index: how uv takes indexes per package
+    (``uv pip compile`` reads ``tool.uv.index`` and ``tool.uv.sources`` from it)."""
+    q = json.dumps  # a JSON string is a TOML basic string
+    # uv applies a source only to the project's own dependencies (astral-sh/uv#8253): each
+    # mapped distribution is one, unversioned; _check_sources refuses one nothing asks for
+    wanted = [*request.requirements, *sorted(request.from_index)]
+    lines = ["[project]", f"name = {q(_PROJECT)}", 'version = "0"',
+             f"requires-python = {q('>=' + request.python)}",
+             "dependencies = [" + ", ".join(q(r) for r in wanted) + "]", ""]
+    for name, url in sorted(request.indexes.items()):
+        lines += ["[[tool.uv.index]]", f"name = {q(name)}", f"url = {q(url)}",
+                  "explicit = true", ""]
+    lines.append("[tool.uv.sources]")
+    lines += [f"{q(dist)} = {{ index = {q(name)} }}"
+              for dist, name in sorted(request.from_index.items())]
+    return "\n".join(lines) + "\n"
 
 
 def pylock_path(stack_file: Path) -> Path:
@@ -117,40 +158,124 @@ def _uv() -> str:
     return found
 
 
-def resolve(request: ClosureRequest, out: Path, *, stack_file: Path) -> None:
-    """Resolve ``request`` with uv and write the pylock atomically."""
+def _run_uv(cmd: list[str], cwd: str, stack_file: Path, request: ClosureRequest) -> str:
+    """Run uv (no UV_ variables, the host's CA bundle); its failure is one line, pointed at
+    the stack's mapping when it is about a distribution that no index has
+    (``_not_found``)."""
     from frank.store.fetch import ca_bundle
 
+    env = {k: v for k, v in os.environ.items() if not k.startswith("UV_")}
+    bundle = ca_bundle()
+    if bundle:
+        env["SSL_CERT_FILE"] = bundle
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd)
+    if proc.returncode != 0:
+        lines = [x for x in proc.stderr.splitlines() if x.strip()]
+        why = next((x for x in lines if "\u00d7" in x or "error" in x.lower()),
+                   lines[0] if lines else "uv failed")
+        detail = " ".join(x.strip() for x in lines[1:4])
+        raise _not_found(FrankError(f"resolving the Python closure failed: {why.strip()} "
+                                    f"{detail}", file=stack_file), request, stack_file)
+    return proc.stdout
+
+
+def resolve(request: ClosureRequest, out: Path, *, stack_file: Path) -> None:
+    """Resolve ``request`` with uv and write the pylock atomically."""
     with tempfile.TemporaryDirectory(prefix="frank-closure-") as tmp:
         t = Path(tmp)
-        (t / "requirements.in").write_text("".join(f"{r}\n" for r in request.requirements))
+        if request.indexes:
+            source = t / "pyproject.toml"
+            source.write_text(_project(request))
+        else:
+            source = t / "requirements.in"
+            source.write_text("".join(f"{r}\n" for r in request.requirements))
         (t / "overrides.txt").write_text("".join(f"{r}\n" for r in request.overrides))
         (t / "excludes.txt").write_text("".join(f"{r}\n" for r in request.excludes))
-        cmd = [_uv(), "pip", "compile", str(t / "requirements.in"), "--format", "pylock.toml",
-               "-o", str(t / "pylock.toml"), "--python-version", request.python,
+        cmd = [_uv(), "pip", "compile", str(source), "--python-version", request.python,
                "--python-platform", request.platform, "--no-header", "--quiet",
                "--overrides", str(t / "overrides.txt"), "--excludes", str(t / "excludes.txt"),
                "--no-config"]
         for folder in sorted({str(w.path.parent) for w in request.local_wheels}):
             cmd += ["--find-links", folder]
-        env = {k: v for k, v in os.environ.items() if not k.startswith("UV_")}
-        bundle = ca_bundle()
-        if bundle:
-            env["SSL_CERT_FILE"] = bundle
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp)
-        if proc.returncode != 0:
-            lines = [x for x in proc.stderr.splitlines() if x.strip()]
-            why = next((x for x in lines if "\u00d7" in x or "error" in x.lower()),
-                       lines[0] if lines else "uv failed")
-            detail = " ".join(x.strip() for x in lines[1:4])
-            raise FrankError(f"resolving the Python closure failed: {why.strip()} {detail}",
-                             file=stack_file)
+        if request.indexes:  # which index each distribution came from, and what asked for it
+            _check_sources(_run_uv([*cmd, "--emit-index-annotation"], tmp, stack_file,
+                                   request), request)
+        _run_uv([*cmd, "--format", "pylock.toml", "-o", str(t / "pylock.toml")], tmp,
+                stack_file, request)
         text = (t / "pylock.toml").read_text(encoding="utf-8")
     text = text.replace(str(Path(tmp)), ".")
     text += f'\n[tool.frank]\nrequest = "{request.digest()}"\n'
     wheels = select_wheels(tomllib.loads(text), request, file=out)
     _check_pins(wheels, request, out)
+    _check_indexes(wheels, request)
     write_atomic(out, text)
+
+
+def _not_found(exc: FrankError, request: ClosureRequest, stack_file: Path) -> FrankError:
+    """uv's failure when it says a distribution "was not found in the package registry":
+    one mapped to an index its index lacks, or one a part pins that PyPI lacks (a wheel
+    from another index the stack does not declare)."""
+    from packaging.utils import canonicalize_name
+
+    for dist, index in sorted(request.from_index.items()):
+        if f"Because {dist} was not found in the package registry" in exc.message:
+            path, where = request.index_origin[dist]
+            return FrankError(f"index {index} ({request.indexes[index]}) has no {dist} "
+                              "that fits", file=path, field=where)
+    for dist in sorted(str(canonicalize_name(d)) for d in request.pinned):
+        if dist not in request.from_index and (
+                f"Because {dist} was not found in the package registry" in exc.message
+                or f"Because there is no version of {dist}==" in exc.message):
+            return FrankError(f"{dist}, pinned by a part, is not on PyPI: declare the index "
+                              "it comes from in [indexes] and map it to it here",
+                              file=stack_file, field=f"from_index.{dist}")
+    return exc
+
+
+def _annotations(text: str) -> dict[str, tuple[list[str], str | None]]:
+    """uv's annotated requirements output: name -> (what asked for it, the index URL)."""
+    from packaging.utils import canonicalize_name
+
+    out: dict[str, tuple[list[str], str | None]] = {}
+    name = ""
+    for line in text.splitlines():
+        if line and not line.startswith((" ", "#")):
+            name = str(canonicalize_name(line.split("==")[0].split(" @ ")[0].strip()))
+            out[name] = ([], None)
+            continue
+        note = line.strip().removeprefix("#").strip()
+        if not name or not note:
+            continue
+        via = out[name][0]
+        if note.startswith("from "):
+            out[name] = (via, note.removeprefix("from ").strip())
+        elif note != "via":
+            via.append(note.removeprefix("via ").strip())
+    return out
+
+
+def _check_sources(text: str, request: ClosureRequest) -> None:
+    """uv takes an index's sources only for the project's own dependencies, so each mapped
+    distribution is one (``_project``): here, each must also be asked for by a part or by
+    another distribution of the closure (a mapping alone must not add one), and must have
+    come from its index."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    found = _annotations(text)
+    asked = {canonicalize_name(Requirement(r).name) for r in request.requirements}
+    for dist, index in sorted(request.from_index.items()):
+        path, where = request.index_origin[dist]
+        via, source = found.get(dist, ([], None))
+        others = [v for v in via if not v.startswith(f"{_PROJECT} ")]
+        if dist not in asked and not others:
+            raise FrankError(f"{dist} is not in the stack's Python closure (no part and no "
+                             "distribution asks for it, so no index would serve it)",
+                             file=path, field=where)
+        url = request.indexes[index]
+        if source is None or source.rstrip("/") != url.rstrip("/"):
+            raise FrankError(f"{dist} was resolved from {source or 'no index'}, not from "
+                             f"{index} ({url})", file=path, field=where)
 
 
 def current(request: ClosureRequest, path: Path) -> bool:
@@ -212,6 +337,8 @@ def select_wheels(doc: dict[str, Any], request: ClosureRequest, *, file: Path) -
     from packaging.markers import Marker
     from packaging.utils import canonicalize_name, parse_wheel_filename
 
+    from frank.model.pins import wheel_filename
+
     tags = target_tags(request.python)
     rank = {t: i for i, t in enumerate(tags)}
     env = _environment(request.python)
@@ -224,7 +351,7 @@ def select_wheels(doc: dict[str, Any], request: ClosureRequest, *, file: Path) -
         best: tuple[int, dict[str, Any], str] | None = None
         for entry in pkg.get("wheels", []):
             url = _wheel_url(entry, file)
-            filename = entry.get("name") or url.rsplit("/", 1)[-1]
+            filename = entry.get("name") or wheel_filename(url)
             _, _, _, wheel_tags = parse_wheel_filename(filename)
             score = min((rank[t] for t in wheel_tags if t in rank), default=None)
             if score is not None and (best is None or score < best[0]):
@@ -255,6 +382,17 @@ def _check_pins(wheels: list[Wheel], request: ClosureRequest, file: Path) -> Non
                              file=file)
 
 
+def _check_indexes(wheels: list[Wheel], request: ClosureRequest) -> None:
+    """Each distribution mapped to an index is in the closure (a field frank accepts must
+    have its effect): read back from a pylock, which a hand may have edited."""
+    names = {w.name for w in wheels}
+    for dist in sorted(request.from_index):
+        if dist not in names:
+            path, where = request.index_origin[dist]
+            raise FrankError(f"{dist} is not in the stack's Python closure (nothing asks for "
+                             "it, so no index would serve it)", file=path, field=where)
+
+
 def load(path: Path, request: ClosureRequest) -> list[Wheel]:
     """The target's wheels from a current pylock; a stale or missing one is an error."""
     try:
@@ -267,6 +405,7 @@ def load(path: Path, request: ClosureRequest) -> list[Wheel]:
         raise FrankError(f"not a valid pylock: {exc}", file=path) from None
     wheels = select_wheels(doc, request, file=path)
     _check_pins(wheels, request, path)
+    _check_indexes(wheels, request)
     return wheels
 
 

@@ -63,6 +63,9 @@ class Lock(Strict):
     # build steps that run a command inside the image (a container engine, the network):
     # recorded so that an impure image is never mistaken for a hermetic one
     impure: list[str] = []
+    # package indexes besides PyPI (the stack's [indexes] and [from_index]): name -> its URL
+    # and the distributions that come from it; left out of the file and digest when none
+    indexes: dict[str, dict[str, Any]] = {}
 
     def part(self, name: str) -> LockedPart | None:
         """The locked part of that name, if present."""
@@ -209,7 +212,12 @@ def build_lock(resolved: Resolved, python_closure: dict[str, str] | None = None,
         "env": resolved.env,
         "plugins": resolved.plugins,
     }
+    indexes = {name: {"url": url, "distributions": sorted(
+        d for d, n in resolved.stack.from_index.items() if n == name)}
+        for name, url in sorted(resolved.stack.indexes.items())}
     doc = {**body, "parts": digest_parts, "lock_version": LOCK_VERSION}
+    if indexes:  # a stack without keeps its digest
+        doc["indexes"] = indexes
     if python_closure is not None:  # its content, not its file name (like the stack's)
         doc["python_closure"] = {k: v for k, v in python_closure.items() if k != "file"}
     impure = impure_steps(resolved, closure=python_closure is not None)
@@ -217,12 +225,15 @@ def build_lock(resolved: Resolved, python_closure: dict[str, str] | None = None,
         doc["impure"] = impure
     digest = "sha256:" + sha256_json(doc)
     return Lock(lock_version=LOCK_VERSION, stack=resolved.stack.name, digest=digest,
-                parts=parts, python_closure=python_closure, impure=impure, **body)
+                parts=parts, python_closure=python_closure, impure=impure, indexes=indexes,
+                **body)
 
 
 def render_lock(lock: Lock) -> str:
     """Canonical text of a lock file."""
     doc = lock.model_dump(mode="json")
+    if not doc["indexes"]:
+        del doc["indexes"]
     for part in doc["parts"]:
         for empty in ("verified", "derived"):
             if not part[empty]:

@@ -16,7 +16,15 @@ from frank.model.kinds.base import (
     PythonNeeds,
     Strict,
 )
-from frank.model.pins import Commit, GitUrl, ImageRef, SafeHttpUrl, Sha256, Version
+from frank.model.pins import (
+    Commit,
+    GitUrl,
+    ImageRef,
+    SafeHttpUrl,
+    Sha256,
+    Version,
+    wheel_filename,
+)
 
 
 def check_cuda_arch(value: str) -> str:
@@ -140,7 +148,7 @@ class EngineBase(PartBase):
                      # the wheel is installed; this only brings its dependencies
                      f"pip install 'vllm=={self.release}'" if self.release
                      else f"pip install 'vllm @ {self.wheel.url}'"),
-                why=f"release wheel {str(self.wheel.url).rsplit('/', 1)[-1]} pinned by sha256"
+                why=f"release wheel {wheel_filename(str(self.wheel.url))} pinned by sha256"
                     " (its dependencies come from the index: pin them with package parts)",
                 network=True,
             )

@@ -30,6 +30,7 @@ from frank.model.pins import (
     RelativePath,
     Sha256,
     matching,
+    wheel_filename,
 )
 
 
@@ -143,7 +144,7 @@ class Package(PartBase):
             return PythonNeeds(overrides=tuple(self.overrides),
                                excludes=tuple(dict.fromkeys((*built, *self.remove))))
         filename = (self.wheel.filename if isinstance(self.wheel, LocalWheelFile)
-                    else str(self.wheel.url).rsplit("/", 1)[-1])
+                    else wheel_filename(str(self.wheel.url)))
         try:
             name, version, _, _ = parse_wheel_filename(filename)
         except InvalidWheelFilename as exc:

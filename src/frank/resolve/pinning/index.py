@@ -10,6 +10,7 @@ import urllib.request
 from html.parser import HTMLParser
 
 from frank.errors import FrankError
+from frank.model.pins import wheel_filename
 
 
 def _normalize(name: str) -> str:
@@ -50,16 +51,31 @@ def _files(index: str, project: str) -> list[tuple[str, str, str]]:
     for href in parser.links:
         url, _, frag = urllib.parse.urljoin(page, href).partition("#")
         if frag.startswith("sha256="):
-            out.append((url.rsplit("/", 1)[-1], url, frag[len("sha256="):]))
+            out.append((wheel_filename(url), url, frag[len("sha256="):]))
     return out
 
 
 def resolve_wheel(index: str, project: str, version: str,
                   tag_hint: str | None = None) -> tuple[str, str]:
-    """(url, sha256) of the release's wheel; several wheels need ``tag_hint`` to choose."""
-    prefix = f"{re.sub(r'[-_.]+', '_', project).lower()}-{version}-"
-    wheels = [(n, u, h) for n, u, h in _files(index, project)
-              if n.endswith(".whl") and n.lower().startswith(prefix)]
+    """(url, sha256) of the release's wheel; several wheels need ``tag_hint`` to choose.
+    A file is the release's when its name parses as a wheel of the project at an equal
+    version (PEP 440: ``1.0+CU128`` is ``1.0+cu128``)."""
+    from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        want = Version(version)
+    except InvalidVersion:
+        raise FrankError(f"{version!r} is not a version (PEP 440)") from None
+
+    def release(filename: str) -> bool:
+        try:
+            name, ver, _, _ = parse_wheel_filename(filename)
+        except InvalidWheelFilename:
+            return False
+        return name == canonicalize_name(project) and ver == want
+
+    wheels = [(n, u, h) for n, u, h in _files(index, project) if release(n)]
     if tag_hint:
         wheels = [w for w in wheels if tag_hint in w[0]]
     if not wheels:
