@@ -187,7 +187,9 @@ def test_a_distribution_not_mapped_to_the_index_is_not_taken_from_it(
 
 def test_diff_shows_a_change_of_index(repo: Path, index: Index) -> None:
     _stack(repo, index, _mapped(index, NAME), name="indexed")
-    _stack(repo, index, _mapped(index, NAME, "six"), name="indexed-six")
+    # a child stack inherits the parent's index and maps one more distribution to it
+    (repo / "stacks" / "indexed-six.toml").write_text(
+        'extends = "indexed.toml"\n[from_index]\nsix = "local"\n')
     assert frank("lock", "indexed", "indexed-six", cwd=repo).code == 0
     result = frank("diff", "indexed", "indexed-six", "--json", cwd=repo)
     assert result.code == 0, result.err
