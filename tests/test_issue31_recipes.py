@@ -146,15 +146,7 @@ def source_repo(repo: Path) -> tuple[Path, str]:
     return top, git("rev-parse", "HEAD", cwd=top)
 
 
-def source_part(root: Path, repo: Path, commit: str, extra: str = "") -> None:
-    part(root, "demo-src", "1", f"""\
-        kind = "package"
-        distribution = "demo-pkg"
-        requires = ["vllm-base"]
-        [git]
-        repo = "file://{repo}"
-        commit = "{commit}"
-        subdirectory = "pkg"
+FULL_BUILD = """\
         submodules = true
         [build]
         system_packages = ["build-essential", "cmake"]
@@ -168,6 +160,22 @@ def source_part(root: Path, repo: Path, commit: str, extra: str = "") -> None:
         MAX_JOBS = "4"
         [check]
         imports = ["demo_pkg"]
+"""
+
+
+def source_part(root: Path, repo: Path, commit: str, extra: str = "",
+                build: str = FULL_BUILD) -> None:
+    """A package part built from ``repo`` at ``commit``; ``build`` is the rest of its
+    [git] table and what follows (its [build])."""
+    part(root, "demo-src", "1", f"""\
+        kind = "package"
+        distribution = "demo-pkg"
+        requires = ["vllm-base"]
+        [git]
+        repo = "file://{repo}"
+        commit = "{commit}"
+        subdirectory = "pkg"
+{build.rstrip()}
         {extra}""")
 
 

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 import textwrap
 from pathlib import Path
@@ -217,3 +218,122 @@ def test_a_make_build_a_step_made_is_up_to_date_in_the_built_image(
     with tarfile.open(blob / manifest["layers"][top]["digest"].split(":")[1]) as tar:
         assert {int(m.mtime) for m in tar} == {FRESH}
     assert f"file times in the built layers: {FRESH}" in (out / "build.log").read_text()
+
+
+# --- B10: a source build is told the version its commit implies ---------------------------
+
+def git(*args: str, cwd: Path) -> str:
+    from tests.test_issue31_recipes import git as run_git
+
+    return run_git(*args, cwd=cwd)
+
+
+@pytest.fixture
+def tagged_source(repo: Path) -> tuple[Path, str]:
+    """A setuptools-scm package in a git repo inside the repo: tagged v0.3.0, then two
+    commits; the pin is the last."""
+    top = repo / "sources" / "scm-repo"
+    (top / "pkg" / "demo_pkg").mkdir(parents=True)
+    (top / "pkg" / "demo_pkg" / "__init__.py").write_text("VALUE = 1\n")
+    (top / "pkg" / "pyproject.toml").write_text(textwrap.dedent("""\
+        [build-system]
+        requires = ["setuptools", "setuptools-scm"]
+        build-backend = "setuptools.build_meta"
+        [project]
+        name = "demo-pkg"
+        dynamic = ["version"]
+        [tool.setuptools]
+        packages = ["demo_pkg"]
+        [tool.setuptools_scm]
+        root = ".."
+        """))
+    git("init", "-q", "-b", "main", cwd=top)
+    git("add", ".", cwd=top)
+    git("commit", "-qm", "first", cwd=top)
+    git("tag", "v0.3.0", cwd=top)
+    for i in (2, 3):
+        (top / "pkg" / "demo_pkg" / "__init__.py").write_text(f"VALUE = {i}\n")
+        git("commit", "-qam", f"change {i}", cwd=top)
+    return top, git("rev-parse", "HEAD", cwd=top)
+
+
+def test_scm_version_is_what_setuptools_scm_reads_from_the_history(
+        tagged_source: tuple[Path, str], repo: Path, tmp_path: Path) -> None:
+    from frank.store.gitsource import scm_version
+
+    src, head = tagged_source
+    short = git("rev-parse", "--short", head, cwd=src)
+
+    def version(commit: str) -> str:
+        return scm_version(f"file://{src}", commit, root=repo, cache=tmp_path / "cache",
+                           log=tmp_path / "git.log")
+
+    assert version(head) == f"0.3.1.dev2+g{short}"  # guess-next-dev, node
+    assert version(git("rev-parse", "v0.3.0", cwd=src)) == "0.3.0"  # at the tag
+    git("tag", "-d", "v0.3.0", cwd=src)
+    git("tag", "release-notes", cwd=src)  # not a version: not counted
+    other = tmp_path / "cache2"
+    assert scm_version(f"file://{src}", head, root=repo, cache=other,
+                       log=tmp_path / "git.log") == f"0.1.dev3+g{short}"
+
+
+def test_a_source_builds_wheel_carries_the_version_its_commit_implies(
+        repo: Path, tagged_source: tuple[Path, str], tmp_path: Path) -> None:
+    """Locked: the version is in the lock and the stage's build is told it; built (the
+    stage's own commands, on the host, with setuptools-scm from PyPI): the wheel is
+    0.3.1.dev2+g<hash>, where without it setuptools-scm finds no .git and fails. A tag
+    added later does not move a locked version: it is pinned in the lock."""
+    from frank.build.plan import BuildPlan
+    from frank.store import gitsource
+    from tests.test_issue31_recipes import child, compose_none, layer, source_part
+
+    src, head = tagged_source
+    short = git("rev-parse", "--short", head, cwd=src)
+    want = f"0.3.1.dev2+g{short}"
+    source_part(repo, src, head, build="""\
+        [build]
+        isolation = false
+        scm_version = true
+""")
+    child(repo, "scm", {"demo-src": "1"})
+    done = frank("lock", "stacks/scm.toml", cwd=repo)
+    assert done.code == 0, done.err
+    lock = json.loads((repo / "stacks/scm.lock").read_text())
+    locked = next(p for p in lock["parts"] if p["name"] == "demo-src")
+    assert locked["verified"] == {"scm_version": want}
+    plan, _ = compose_none(repo, "scm", tmp_path / "out")
+    run = " && ".join(layer(plan, "package:demo-src")["stage"]["run"])
+    assert f"SETUPTOOLS_SCM_PRETEND_VERSION_FOR_DEMO_PKG={want}" in run
+    # pinned: a tag put on the commit later changes nothing until the commit changes
+    git("tag", "v9.0.0", head, cwd=src)
+    assert frank("lock", "--check", "stacks/scm.toml", cwd=repo).code == 0
+    # the stage's build, on the host: setuptools-scm reads the version it is told
+    scm = tmp_path / "scm"
+    got = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
+                          "--target", str(scm), "setuptools-scm==8.1.0"],
+                         capture_output=True, text=True, timeout=300)
+    if got.returncode != 0:
+        pytest.skip("setuptools-scm cannot be had from the index: " + got.stderr[-200:])
+    stage = next(x for x in BuildPlan.model_validate(plan).layers
+                 if x.name == "package:demo-src").stage
+    assert stage is not None and stage.source is not None
+    prefix = tmp_path / "img"
+    gitsource.checkout(stage.source.repo, stage.source.commit, False,
+                       prefix / stage.source.dest.lstrip("/"), root=repo,
+                       cache=tmp_path / "cache", log=tmp_path / "git.log")
+    env = {**os.environ, "PYTHONPATH": str(scm),
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    steps = [s.replace("/opt/frank", str(prefix / "opt/frank")) for s in stage.run]
+    built = subprocess.run(["sh", "-ec", " && ".join(steps)], env=env, capture_output=True,
+                           text=True)
+    assert built.returncode == 0, built.stderr[-2000:]
+    wheels = [p.name for p in (prefix / "opt/frank/wheels/demo-src").glob("*.whl")]
+    assert wheels == [f"demo_pkg-{want}-py3-none-any.whl"]
+    # the same build without the version: setuptools-scm has no .git to read
+    bare = [s.replace("SETUPTOOLS_SCM_PRETEND_VERSION", "UNUSED") for s in steps]
+    shutil.rmtree(prefix / "opt/frank/wheels")
+    failed = subprocess.run(["sh", "-ec", " && ".join(bare)], env=env, capture_output=True,
+                            text=True)
+    assert failed.returncode != 0 and "setuptools-scm was unable to detect version" in \
+        failed.stderr + failed.stdout
