@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from frank.errors import FrankError
 from tests.spine_helpers import frank
 from tests.test_issue31_recipes import layer_files, part
 
@@ -154,6 +155,25 @@ def fresh_base(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
                        [*layers, tar_of({"usr/include/demo.h": b"#define DEMO 1\n"}, FRESH)],
                        config=config)
     return out, layout_manifests(out)[0]["digest"]
+
+
+def test_the_layer_time_is_the_bases_newest_file_time_kept_by_its_digest(
+        tmp_path: Path) -> None:
+    from frank.build.engines import newest_file_time
+    from frank.image.oci import layout_manifests
+    from tests.oci_helpers import tar_of, write_layout
+
+    layout = write_layout(tmp_path / "img", [tar_of({"a": b"x"}, 5000), tar_of({"b": b"y"}, 100)])
+    digest = layout_manifests(layout)[0]["digest"]
+    kept = tmp_path / "kept"
+    assert newest_file_time(layout, digest, kept) == 5000  # the newest, not the last layer's
+    record = kept / digest.split(":")[1]
+    assert json.loads(record.read_text()) == {"digest": digest, "newest": 5000}
+    shutil.rmtree(layout)  # kept by digest: the layers are not read again
+    assert newest_file_time(layout, digest, kept) == 5000
+    record.write_text(json.dumps({"digest": "sha256:" + "0" * 64, "newest": 1}))
+    with pytest.raises(FrankError):  # a record of another digest is not used
+        newest_file_time(layout, digest, kept)
 
 
 MAKEFILE = """\

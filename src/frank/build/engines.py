@@ -281,7 +281,7 @@ def load_base(engine: Engine, layout: Path, digest: str) -> str:
     return f"{name}@{digest}"
 
 
-def newest_file_time(layout: Path, digest: str) -> int:
+def newest_file_time(layout: Path, digest: str, kept: Path | None = None) -> int:
     """The newest mtime of any entry in the layers of image ``digest`` of ``layout``.
 
     Why: ``--timestamp`` (reproducible layers) sets every file an engine writes to one time.
@@ -289,7 +289,30 @@ def newest_file_time(layout: Path, digest: str) -> int:
     headers they were built from, and make, ninja or a JIT cache would rebuild them at first
     start; at no earlier than this time they are up to date (ties count as up to date), and
     the time is still a function of the pinned base alone.
+
+    Reading a registry base's gzipped layers takes a while, so the answer is kept in
+    ``kept`` by the base's digest (a file times are set from, never content).
     """
+    import json
+
+    record = kept / digest.split(":")[-1] if kept is not None else None
+    if record is not None:
+        try:
+            doc = json.loads(record.read_text())
+            if doc.get("digest") == digest and isinstance(doc.get("newest"), int):
+                return int(doc["newest"])
+        except (OSError, ValueError, AttributeError):
+            pass
+    newest = _newest_in_layers(layout, digest)
+    if record is not None:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        tmp = record.with_name(f".{record.name}.{uuid.uuid4().hex}")
+        tmp.write_text(json.dumps({"digest": digest, "newest": newest}) + "\n")
+        os.replace(tmp, record)
+    return newest
+
+
+def _newest_in_layers(layout: Path, digest: str) -> int:
     import tarfile
 
     _, _, manifest = resolve_manifest(layout, digest)
@@ -349,7 +372,7 @@ def build_dockerfile(
     log = log or context.parent / "build.log"
     # the engine sets every file of the layers it writes to this time: never older than a
     # file of the base, so what a step builds against the base is not older than its inputs
-    newest = newest_file_time(base_layout, base_digest)
+    newest = newest_file_time(base_layout, base_digest, store.root / "base-file-times")
     stamp = max(source_date_epoch, newest)
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("a", encoding="utf-8") as note:
