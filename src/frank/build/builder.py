@@ -393,8 +393,8 @@ def build_with_engine(plan: BuildPlan, root: Path, context: Path, out: Path,
 
 # The step's line as it ran: buildah's echo of each RUN command holds the same words, quoted
 # (followed by ``' >&2``), which the end of line rules out.
-_STEP_SAID = re.compile(r"frank: (step \S+ (?:did not produce its output|removes) [^'\n]*)$",
-                        re.MULTILINE)
+_STEP_SAID = re.compile(r"frank: (step \S+ (?:did not produce its output|removes|changed "
+                        r"files outside|needs python3) [^'\n]*)$", re.MULTILINE)
 
 
 def _step_failure(log: Path) -> str | None:

@@ -13,7 +13,10 @@ mounts, never layers); Debian's docker.io has only the legacy builder, which has
 ``--secret``, so there ``--builder docker`` stops at once saying so (checked on Docker
 20.10.24). Running images through Docker goes through the SDK (``run.dockerrun``).
 
-Every build gets ``SOURCE_DATE_EPOCH`` (as ``--timestamp`` and as a build arg) and the pinned
+Every build gets a fixed time (as ``--timestamp``, which also sets every file time in the
+layers the engine writes, and as the ``SOURCE_DATE_EPOCH`` build arg): SOURCE_DATE_EPOCH, or
+the newest file time in the base when that is later (``newest_file_time``: a step's build
+outputs must not be older than the base files they were built from), and the pinned
 base as build args (``BASE_IMAGE``, a storage reference by digest, and ``BASE_DIGEST``);
 layers are exported uncompressed (see ``frank.image.layer`` on why not gzip).
 """
@@ -36,7 +39,13 @@ from pathlib import Path
 from typing import Literal
 
 from frank.errors import FrankError
-from frank.image.oci import image_view, layout_manifests, normalize_layout, resolve_manifest
+from frank.image.oci import (
+    image_view,
+    layout_blob_path,
+    layout_manifests,
+    normalize_layout,
+    resolve_manifest,
+)
 from frank.image.remote import skopeo
 from frank.store.blobs import BlobStore, check_digest
 
@@ -272,6 +281,54 @@ def load_base(engine: Engine, layout: Path, digest: str) -> str:
     return f"{name}@{digest}"
 
 
+def newest_file_time(layout: Path, digest: str, kept: Path | None = None) -> int:
+    """The newest mtime of any entry in the layers of image ``digest`` of ``layout``.
+
+    Why: ``--timestamp`` (reproducible layers) sets every file an engine writes to one time.
+    At SOURCE_DATE_EPOCH (1980) a step's build outputs would be older than the base's
+    headers they were built from, and make, ninja or a JIT cache would rebuild them at first
+    start; at no earlier than this time they are up to date (ties count as up to date), and
+    the time is still a function of the pinned base alone.
+
+    Reading a registry base's gzipped layers takes a while, so the answer is kept in
+    ``kept`` by the base's digest (a file times are set from, never content).
+    """
+    import json
+
+    record = kept / digest.split(":")[-1] if kept is not None else None
+    if record is not None:
+        try:
+            doc = json.loads(record.read_text())
+            if doc.get("digest") == digest and isinstance(doc.get("newest"), int):
+                return int(doc["newest"])
+        except (OSError, ValueError, AttributeError):
+            pass
+    newest = _newest_in_layers(layout, digest)
+    if record is not None:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        tmp = record.with_name(f".{record.name}.{uuid.uuid4().hex}")
+        tmp.write_text(json.dumps({"digest": digest, "newest": newest}) + "\n")
+        os.replace(tmp, record)
+    return newest
+
+
+def _newest_in_layers(layout: Path, digest: str) -> int:
+    import tarfile
+
+    _, _, manifest = resolve_manifest(layout, digest)
+    newest = 0
+    for desc in manifest.get("layers", []):
+        path = layout_blob_path(layout, desc["digest"])
+        try:
+            with tarfile.open(path) as tar:  # seeks over file data when uncompressed
+                for member in tar:
+                    newest = max(newest, int(member.mtime))
+        except (OSError, tarfile.TarError) as exc:
+            raise FrankError(f"reading the base's layer {desc['digest']}: {exc}",
+                             file=layout) from None
+    return newest
+
+
 @functools.cache
 def can_cut_network() -> bool:
     """Whether this process may run a program in a network namespace of its own (root, or
@@ -312,18 +369,26 @@ def build_dockerfile(
     if engine.name == "docker":
         _needs_buildkit(engine)
     base_ref = load_base(engine, base_layout, base_digest)
-    args = {"SOURCE_DATE_EPOCH": str(source_date_epoch), "BASE_IMAGE": base_ref,
+    log = log or context.parent / "build.log"
+    # the engine sets every file of the layers it writes to this time: never older than a
+    # file of the base, so what a step builds against the base is not older than its inputs
+    newest = newest_file_time(base_layout, base_digest, store.root / "base-file-times")
+    stamp = max(source_date_epoch, newest)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a", encoding="utf-8") as note:
+        note.write(f"frank: file times in the built layers: {stamp} (the base's newest file "
+                   f"time {newest}, no earlier than SOURCE_DATE_EPOCH {source_date_epoch})\n")
+    args = {"SOURCE_DATE_EPOCH": str(stamp), "BASE_IMAGE": base_ref,
             "BASE_DIGEST": base_digest, **(build_args or {})}
     tag = f"localhost/frank-build-{uuid.uuid4().hex[:12]}"
     if engine.name == "docker":  # BuildKit takes the epoch from the SOURCE_DATE_EPOCH arg
         cmd = [*engine.base_args(), "build", "--pull=false", "-f", str(dockerfile), "-t", tag]
     else:
         cmd = [*engine.base_args(), "bud" if engine.name == "buildah" else "build",
-               "--isolation", "chroot", "--timestamp", str(source_date_epoch), "--pull=false",
+               "--isolation", "chroot", "--timestamp", str(stamp), "--pull=false",
                "-f", str(dockerfile), "-t", tag]
     for k in sorted(args):
         cmd += ["--build-arg", f"{k}={args[k]}"]
-    log = log or context.parent / "build.log"
     prefix: list[str] = []
     if not network:
         if engine.name == "docker":

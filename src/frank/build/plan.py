@@ -325,7 +325,8 @@ def _patch_layer(locked: LockedPart, part: Patch, engine_layer: PlanLayer) -> Pl
 
 def _part_layer(locked: LockedPart, part: PartBase, root: Path) -> PlanLayer | None:
     """The layer of a part that copies files, builds a wheel or compiles a kernel."""
-    contribution = part.layer(PartContext(root=root, manifest=root / locked.manifest))
+    contribution = part.layer(PartContext(root=root, manifest=root / locked.manifest,
+                                          verified=dict(locked.verified)))
     if contribution is None:
         return None
     build_wheels = list(contribution.build_wheels)

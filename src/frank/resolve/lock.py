@@ -168,6 +168,38 @@ def verify_fetched(resolved: Resolved, previous: Lock | None,
     return out
 
 
+def scm_versions(resolved: Resolved, previous: Lock | None) -> dict[str, dict[str, str]]:
+    """The version each source build that asks for it (``build.scm_version``) gets: what
+    setuptools-scm would read from git at the pinned commit (``gitsource.scm_version``:
+    its history and tags, fetched into frank's cache). A version depends on the tags as
+    well as the commit, so it is pinned here: the one the previous lock recorded for the
+    same inputs is kept without fetching anything."""
+    from frank.model.kinds.package import SCM_VERSION, Package
+
+    out: dict[str, dict[str, str]] = {}
+    for rp in resolved.parts:
+        part = rp.manifest.part
+        if not isinstance(part, Package) or part.git is None or part.build is None \
+                or not part.build.scm_version:
+            continue
+        old = previous.part(part.name) if previous is not None else None
+        if old is not None and old.inputs == rp.inputs and SCM_VERSION in old.verified:
+            out[part.name] = {SCM_VERSION: old.verified[SCM_VERSION]}
+            continue
+        from frank.store.blobs import BlobStore
+        from frank.store.gitsource import scm_version
+
+        store = BlobStore()
+        try:
+            version = scm_version(part.git.repo, part.git.commit, root=resolved.root,
+                                  cache=store.root, log=store.root / "logs" / "git.log")
+        except FrankError as exc:
+            raise FrankError(f"reading the version of {part.git.commit[:12]}: {exc.message}",
+                             file=rp.manifest.path, field="build.scm_version") from None
+        out[part.name] = {SCM_VERSION: version}
+    return out
+
+
 def _recorded(lock: Lock | None, name: str, inputs: dict[str, str], verdict: str) -> bool:
     old = lock.part(name) if lock is not None else None
     return old is not None and old.inputs == inputs \
@@ -193,8 +225,11 @@ def build_lock(resolved: Resolved, python_closure: dict[str, str] | None = None,
     for rp in resolved.parts:
         spec = rp.build_spec()
         made = (derived or {}).get(rp.name, {})
+        checked = (verified or {}).get(rp.name, {})
+        # a source's version is what its build is told: another version, another layer
+        scm = {k: v for k, v in checked.items() if k == "scm_version"}
         key = sha256_json({"spec": spec, "inputs": rp.inputs,
-                           **({"derived": made} if made else {})})
+                           **({"derived": made} if made else {}), **scm})
         m = rp.manifest
         parts.append(LockedPart(
             name=m.part.name, version=m.part.version, kind=m.part.kind, manifest=m.rel,

@@ -10,7 +10,14 @@ from frank.errors import FrankError
 from frank.fsutil import find_repo_root
 from frank.model.catalog import Catalog
 from frank.model.stackfiles import stack_files
-from frank.resolve.lock import Lock, build_lock, lock_path, read_lock, verify_fetched
+from frank.resolve.lock import (
+    Lock,
+    build_lock,
+    lock_path,
+    read_lock,
+    scm_versions,
+    verify_fetched,
+)
 from frank.resolve.resolver import Resolved, resolve
 
 # How lock_stack treats the stack's Python closure (pylock.<stack>.toml):
@@ -123,6 +130,8 @@ def lock_resolved(resolved: Resolved, path: Path, root: Path, closure: ClosureMo
                 if (lock := _previous_lock(other)) is not None]
 
     verified = verify_fetched(resolved, previous, siblings, known)
+    for name, found in scm_versions(resolved, previous).items():
+        verified.setdefault(name, {}).update(found)
     derived = None
     if any(rp.manifest.part.kind == "derived" for rp in resolved.parts):
         from frank.resolve.derive import derive_outputs  # only a stack that has one pays

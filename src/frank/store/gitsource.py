@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -74,11 +75,9 @@ def _verified_fetch(mirror: Path, commit: str, src: Path, log: Path) -> None:
          what=f"reading commit {commit} from frank's cache")
 
 
-def checkout(repo: str, commit: str, submodules: bool, dest: Path, *, root: Path,
-             cache: Path, log: Path) -> None:
-    """Place the tree of ``repo`` at ``commit`` (and its submodules) at ``dest``, which must
-    not exist yet; the commit checked out is verified to be the pinned one. A local remote,
-    and every local submodule remote, must be inside ``root``."""
+def _mirror(repo: str, commit: str, *, root: Path, cache: Path, log: Path) -> Path:
+    """frank's cached clone of ``repo`` (branches and tags under ``refs/frank/``), holding
+    ``commit``; a local remote must be inside ``root``."""
     check_inside(repo, root)
     local = local_path(repo) is not None
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -98,6 +97,16 @@ def checkout(repo: str, commit: str, submodules: bool, dest: Path, *, root: Path
             if not _has_commit(mirror, commit):
                 _git(["fetch", "-q", "--no-tags", repo, commit], cwd=mirror, log=log,
                      what=f"fetching commit {commit} of {repo}", local=local)
+    return mirror
+
+
+def checkout(repo: str, commit: str, submodules: bool, dest: Path, *, root: Path,
+             cache: Path, log: Path) -> None:
+    """Place the tree of ``repo`` at ``commit`` (and its submodules) at ``dest``, which must
+    not exist yet; the commit checked out is verified to be the pinned one. A local remote,
+    and every local submodule remote, must be inside ``root``."""
+    mirror = _mirror(repo, commit, root=root, cache=cache, log=log)
+    local = local_path(repo) is not None
     work = Path(tempfile.mkdtemp(prefix=".checkout-", dir=mirror.parent))
     try:
         src = work / "src"
@@ -137,3 +146,60 @@ def _submodules(src: Path, repo: str, root: Path, log: Path, local: bool) -> Non
     for line in listed.splitlines():
         path = line[1:].split()[1]
         _submodules(src / path, repo, root, log, local)
+
+
+# setuptools-scm's default tag_regex: an optional ``name-`` prefix and ``v``, then the version
+_TAG_VERSION = re.compile(r"^(?:[\w-]+-)?[vV]?(?P<version>\d+(?:\.\d+){0,2}[^+]*)(?:\+.*)?$")
+
+
+def scm_version(repo: str, commit: str, *, root: Path, cache: Path, log: Path) -> str:
+    """The version setuptools-scm gives a clean git checkout of ``commit`` with its default
+    schemes (guess-next-dev, node-and-date): the tag's version at a tag, else the next
+    version's ``.devN+g<hash>`` (N commits since the nearest version tag; ``0.1.devN`` with
+    none). A builder stage's source has no ``.git`` (frank checks it out on the host), so
+    the build is told this version instead of guessing one.
+
+    Read from the commit's history and tags fetched out of frank's cached clone into a
+    throwaway repo through git's pack protocol (objects named by hashing them, fscked)."""
+    from packaging.version import InvalidVersion, Version
+
+    mirror = _mirror(repo, commit, root=root, cache=cache, log=log)
+    work = Path(tempfile.mkdtemp(prefix=".describe-", dir=mirror.parent))
+    try:
+        _git(["init", "-q", "--bare", str(work / "r")], cwd=None, log=log, what="git init")
+        _git(["-c", "transfer.fsckObjects=true", "fetch", "-q", "--no-tags", "--upload-pack",
+              "git -c uploadpack.allowAnySHA1InWant=true upload-pack", f"file://{mirror}",
+              "+refs/frank/tags/*:refs/tags/*", commit], cwd=work / "r", log=log,
+             what=f"reading the history of {commit} from frank's cache")
+        where = work / "r"
+        node = "g" + _git(["rev-parse", "--short", commit], cwd=where, log=log,
+                          what="git rev-parse")
+        tags = _git(["tag", "--merged", commit], cwd=where, log=log, what="git tag")
+        usable = [t for t in tags.split() if _TAG_VERSION.match(t)]
+        if not usable:
+            count = _git(["rev-list", "--count", commit], cwd=where, log=log,
+                         what="git rev-list")
+            return str(Version(f"0.1.dev{count}+{node}"))
+        said = _git(["describe", "--tags", "--long", *(f"--match={t}" for t in usable),
+                     commit], cwd=where, log=log, what="git describe")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    tag, distance, _ = said.rsplit("-", 2)
+    m = _TAG_VERSION.match(tag)
+    assert m is not None
+    try:
+        version = str(Version(m.group("version")))
+    except InvalidVersion:
+        raise FrankError(f"{repo}: tag {tag} nearest {commit} is not a version") from None
+    if distance == "0":
+        return version
+    return str(Version(f"{_next_version(version)}.dev{distance}+{node}"))
+
+
+def _next_version(version: str) -> str:
+    """setuptools-scm's guess of the version after ``version``: a dev release's own
+    release, else the last number incremented (1.2.3 -> 1.2.4, 1.0rc1 -> 1.0rc2)."""
+    if ".dev" in version:
+        return version.split(".dev")[0]
+    m = re.match(r"^(.*?)(\d+)$", version)
+    return f"{m.group(1)}{int(m.group(2)) + 1}" if m else f"{version}.1"

@@ -178,6 +178,7 @@ class PartContext:
     root: Path
     manifest: Path
     notes: list[str] = field(default_factory=list)
+    verified: dict[str, str] = field(default_factory=dict)  # the lock's, when there is one
 
     def path(self, value: str, field_name: str, must_exist: bool = True) -> Path:
         """A repo path named by a manifest field, checked to stay inside the repo."""

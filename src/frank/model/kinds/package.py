@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal
@@ -78,6 +79,11 @@ class SourceBuild(Strict):
     arch_env: dict[EnvName, ArchForm] = {}
     variables: dict[EnvName, OneLine] = {}  # the build's environment (besides arch_env)
     wheel_sha256: Sha256 | None = None
+    # the version the commit implies, as setuptools-scm reads it from git (the stage's
+    # checkout has no .git): computed from the history when the stack is locked, recorded
+    # in the lock (``verified.scm_version``) and given to the build as
+    # SETUPTOOLS_SCM_PRETEND_VERSION(_FOR_<DIST>)
+    scm_version: bool = Field(default=False, exclude_if=lambda v: not v)
 
     @model_validator(mode="after")
     def _archs_used(self) -> SourceBuild:
@@ -179,7 +185,13 @@ class Package(PartBase):
             )
         if self.git is None:
             return None  # only overrides/removals: nothing of its own in the image
-        return source_build_layer(self.name, self.git, self.build or SourceBuild())
+        build = self.build or SourceBuild()
+        version = ctx.verified.get(SCM_VERSION) if build.scm_version else None
+        if build.scm_version and version is None:
+            raise FrankError("scm_version: the lock records no version for this commit "
+                             "(run `frank lock`)", file=ctx.manifest, field="build.scm_version")
+        return source_build_layer(self.name, self.git, build, distribution=self.distribution,
+                                  version=version)
 
     def plugin_names(self) -> list[str]:
         return list(self.entry_points)
@@ -190,10 +202,22 @@ def wheel_dir(part_name: str) -> str:
     return f"/opt/frank/wheels/{part_name}"
 
 
-def build_env(build: SourceBuild) -> list[str]:
+SCM_VERSION = "scm_version"  # the lock's record (``verified``) of a source's version
+
+
+def scm_env(distribution: str, version: str) -> dict[str, str]:
+    """What setuptools-scm reads instead of git: the version for this distribution (the
+    name as setuptools-scm normalizes it), and for a setup.py that asks without naming it."""
+    dist = re.sub(r"[^A-Za-z0-9]+", "_", distribution).upper()
+    return {"SETUPTOOLS_SCM_PRETEND_VERSION": version,
+            f"SETUPTOOLS_SCM_PRETEND_VERSION_FOR_{dist}": version}
+
+
+def build_env(build: SourceBuild, extra: dict[str, str] | None = None) -> list[str]:
     """``NAME=value`` words (quoted for the shell) the build runs with."""
     values = {name: spell_archs(build.archs, form) for name, form in build.arch_env.items()}
     values.update(build.variables)
+    values.update(extra or {})
     return [f"{name}={shlex.quote(value)}" for name, value in sorted(values.items())]
 
 
@@ -209,7 +233,9 @@ APT_SOURCES = (
 )
 
 
-def source_build_layer(name: str, git: GitSource, build: SourceBuild) -> LayerContribution:
+def source_build_layer(name: str, git: GitSource, build: SourceBuild, *,
+                       distribution: str = "", version: str | None = None
+                       ) -> LayerContribution:
     """A builder stage that builds one wheel from ``git`` at its commit (checked out by frank
     on the host, copied in) with the declared build inputs and hashes it; the image gets the
     wheel, checked and installed --no-deps. The stage reaches the network only for what it
@@ -229,7 +255,7 @@ def source_build_layer(name: str, git: GitSource, build: SourceBuild) -> LayerCo
     # submodules), verified, and copied into the stage at ``src`` (frank.store.gitsource)
     where = f"{src}/{git.subdirectory}" if git.subdirectory else src
     isolation = "" if build.isolation else " --no-build-isolation"
-    env = " ".join(build_env(build))
+    env = " ".join(build_env(build, scm_env(distribution, version) if version else None))
     run.append(f"cd {q(where)} && {env + ' ' if env else ''}pip wheel --no-deps{isolation} "
                f"--wheel-dir {q(out)} .")
     run.append(f"cd {q(out)} && test \"$(ls -- *.whl | wc -l)\" = 1 && sha256sum -- *.whl "

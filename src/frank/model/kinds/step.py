@@ -4,9 +4,11 @@ JIT-precompiling a module, building a torch extension from a file a patch adds, 
 deleting a file of an installed package: each is a step with declared inputs (repo files
 or folders, hashed like any part's, copied into the step's stage only), a command run in a
 container on the image as built so far, and declared outputs (image paths). Only the
-outputs are copied from the step's stage into its layer, so what the command leaves
-elsewhere (caches, build trees) never reaches the image; an output the command did not
-produce stops the build with a line naming the step and the path. ``removes`` deletes
+outputs are copied from the step's stage into its layer; an output the command did not
+produce stops the build with a line naming the step and the path, and so does a change it
+made anywhere else (a file it edited but did not declare would be dropped): the stage's
+filesystem is compared before and after the command (``stepfs``), scratch left aside
+(``/tmp``, the step's input folders and workdir, Python's bytecode caches). ``removes`` deletes
 installed files (a whiteout in the layer); a path that is not there is an error too.
 
 The layer is keyed by the step's spec, its inputs' hashes and every layer below it (the
@@ -18,6 +20,7 @@ Dockerfile context offline).
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 from typing import ClassVar, Literal
 
 from pydantic import ConfigDict, Field, model_validator
@@ -46,6 +49,11 @@ class StepInput(Strict):
 def step_dir(part_name: str) -> str:
     """Where a step's inputs land in its stage (not in the image)."""
     return f"/opt/frank/steps/{part_name}"
+
+
+def check_dir(part_name: str) -> str:
+    """Where frank's check of what a step changed keeps its script and state, in the stage."""
+    return f"/opt/frank/step-check/{part_name}"
 
 
 class Step(PartBase):
@@ -99,20 +107,33 @@ class Step(PartBase):
                                       variables=self.variables))
         workdir = self.workdir or step_dir(self.name)
         cd = f"cd {q(workdir)} && "
-        run = [f"mkdir -p {q(workdir)}",
+        # what the command changes outside its outputs is found, not dropped (stepfs)
+        check = check_dir(self.name)
+        script = f"{check}/stepfs.py"
+        skip = [check, step_dir(self.name), *(i.dest for i in self.inputs_)]
+        words = {"skip": skip, "allowed": [*self.outputs, *self.removes],
+                 "new-scratch": [workdir], "step": [self.name]}
+        need = q(f"frank: step {self.name} needs python3 in the image to check what it "
+                 "changes")
+        run = [f"{{ command -v python3 >/dev/null || {{ echo {need} >&2; exit 1; }}; }}",
+               f"python3 {q(script)} save {q(check)}/before --skip {' '.join(map(q, skip))}",
+               f"mkdir -p {q(workdir)}",
                f"{cd}{'env ' + ' '.join(env) + ' ' if env else ''}/bin/sh -c {q(self.run)}"]
         for path in self.outputs:
             why = q(f"frank: step {self.name} did not produce its output {path}")
             run.append(f"{{ test -e {q(path)} || {{ echo {why} >&2; exit 1; }}; }}")
+        run.append(f"python3 {q(script)} check {q(check)}/before " + " ".join(
+            f"--{k} {' '.join(map(q, v))}" for k, v in words.items() if v))
         then = []
         for path in self.removes:
             why = q(f"frank: step {self.name} removes {path}, which is not in the image")
             then.append(f"{{ test -e {q(path)} || {{ echo {why} >&2; exit 1; }}; }} "
                         f"&& rm -rf -- {q(path)}")
         files = tuple(FileCopy(i.path, i.dest) for i in self.inputs_)
+        text = (Path(__file__).parent / "stepfs.py").read_text(encoding="utf-8")
         return LayerContribution(
-            files=files, stage=BuildStage(run=tuple(run), outputs=tuple(self.outputs),
-                                          then=tuple(then)),
+            files=files, generated=((script, text),),
+            stage=BuildStage(run=tuple(run), outputs=tuple(self.outputs), then=tuple(then)),
             why=f"post-install step run in a container; the layer holds "
                 f"{', '.join(self.outputs) or 'no new files'}"
                 f"{' and removes ' + ', '.join(self.removes) if self.removes else ''}")
