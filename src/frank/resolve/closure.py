@@ -32,6 +32,7 @@ from frank.hashing import sha256_bytes, sha256_json
 if TYPE_CHECKING:
     from packaging.tags import Tag
 
+    from frank.image.inventory import Inventory
     from frank.resolve.resolver import Resolved
 
 CLOSURE_FORMAT = 1
@@ -59,9 +60,13 @@ class ClosureRequest:
     excludes: list[str] = field(default_factory=list)
     local_wheels: list[LocalWheel] = field(default_factory=list)
     pinned: dict[str, str] = field(default_factory=dict)  # distribution -> sha256 it must have
+    # what an official engine image already holds (name==version): the closure is resolved
+    # against it (frank.image.inventory)
+    constraints: list[str] = field(default_factory=list)
 
     def digest(self) -> str:
-        return sha256_json({
+        extra = {"constraints": sorted(self.constraints)} if self.constraints else {}
+        return sha256_json({**extra,
             "format": CLOSURE_FORMAT, "python": self.python, "platform": self.platform,
             "requirements": sorted(self.requirements), "overrides": sorted(self.overrides),
             "excludes": sorted(self.excludes),
@@ -82,8 +87,13 @@ class Wheel:
     size: int | None
 
 
-def request_for(resolved: Resolved) -> ClosureRequest | None:
-    """The closure request of a resolved stack; None when no part brings Python packages."""
+def request_for(resolved: Resolved, base: Inventory | None = None) -> ClosureRequest | None:
+    """The closure request of a resolved stack; None when no part brings Python packages.
+
+    ``base``: what the official engine image the stack sits on holds. Its distributions are
+    the closure's constraints (a dependency the image has stays at the image's version),
+    except those a part names; an override then is a requirement too (it installs that
+    version over the image's)."""
     from frank.model.kinds.base import PartContext
     from frank.model.kinds.engine import EngineBase
 
@@ -98,9 +108,35 @@ def request_for(resolved: Resolved) -> ClosureRequest | None:
         request.excludes += needs.excludes
         request.local_wheels += [LocalWheel(Path(p), sha) for p, sha in needs.local_wheels]
         request.pinned.update(needs.pinned)
+        if base is not None:
+            request.requirements += needs.overrides
     if not request.requirements:
         return None
+    if base is not None:
+        request.constraints = base_constraints(base, request)
     return request
+
+
+def base_constraints(base: Inventory, request: ClosureRequest) -> list[str]:
+    """``name==version`` of every distribution of the base that no part names (a version
+    that is not PEP 440 cannot be a constraint: that distribution is left free)."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+    from packaging.version import InvalidVersion, Version
+
+    named = {canonicalize_name(Requirement(r).name) for r in
+             (*request.requirements, *request.overrides)}
+    named |= {canonicalize_name(n) for n in (*request.excludes, *request.pinned)}
+    out = []
+    for dist in base.dists:
+        try:
+            Version(dist.version)
+            line = str(Requirement(f"{dist.name}=={dist.version}"))
+        except (InvalidVersion, InvalidRequirement):
+            continue
+        if canonicalize_name(dist.name) not in named:
+            out.append(line)
+    return sorted(set(out))
 
 
 def pylock_path(stack_file: Path) -> Path:
@@ -126,11 +162,15 @@ def resolve(request: ClosureRequest, out: Path, *, stack_file: Path) -> None:
         (t / "requirements.in").write_text("".join(f"{r}\n" for r in request.requirements))
         (t / "overrides.txt").write_text("".join(f"{r}\n" for r in request.overrides))
         (t / "excludes.txt").write_text("".join(f"{r}\n" for r in request.excludes))
+        constraints = []
+        if request.constraints:
+            (t / "constraints.txt").write_text("".join(f"{r}\n" for r in request.constraints))
+            constraints = ["--constraints", str(t / "constraints.txt")]
         cmd = [_uv(), "pip", "compile", str(t / "requirements.in"), "--format", "pylock.toml",
                "-o", str(t / "pylock.toml"), "--python-version", request.python,
                "--python-platform", request.platform, "--no-header", "--quiet",
                "--overrides", str(t / "overrides.txt"), "--excludes", str(t / "excludes.txt"),
-               "--no-config"]
+               "--no-config", *constraints]
         for folder in sorted({str(w.path.parent) for w in request.local_wheels}):
             cmd += ["--find-links", folder]
         env = {k: v for k, v in os.environ.items() if not k.startswith("UV_")}

@@ -157,6 +157,9 @@ class LayerContribution:
     # its commands reach the network (pip from an index, git clone, apt-get, a URL): a
     # container build of a plan where no such layer runs in the container is cut off from it
     network: bool = False
+    # (url, sha256, dest in image): files frank fetches on the host into the store, checks
+    # by sha256 and places in the layer, so no command in the image fetches them
+    fetched: tuple[tuple[str, str, str], ...] = ()
 
 
 @dataclass(frozen=True)
