@@ -2,11 +2,13 @@
 
 The base is this test's own: a tiny OCI layout pinned by digest whose site folder holds
 distributions installed from wheels made here (real dist-info, real RECORD): the engine
-(frank-oi-engine), frank-oi-alpha 1.0, frank-oi-beta 1.0 and frank-oi-gone 1.0. A find-links
-folder offers alpha 1.0 and 2.0, beta 2.0 and gamma 1.0 (which needs alpha). The stack adds
-gamma (a pinned local wheel), takes gone out (``remove``), moves beta to 2.0
-(``overrides``) and patches the engine's own files with a diff fetched by URL from
-127.0.0.1. Nothing here reaches Docker Hub or GitHub.
+(frank-oi-engine), frank-oi-alpha 1.0, -beta 1.0, -gone 1.0 and -delta 1.0. A find-links
+folder offers alpha 1.0 and 2.0, beta 2.0 (which needs zeta), zeta 1.0, delta 2.0 (which
+needs a distribution no index has) and gamma 1.0 (which needs alpha). The stacks add gamma
+(a pinned local wheel), take gone out (``remove``), move beta to 2.0 (``overrides``, its
+dependency resolved) and delta to 2.0 (``overrides`` with ``no_deps``), and patch the
+engine's own files with a diff fetched by URL from 127.0.0.1. Nothing here reaches Docker
+Hub or GitHub.
 """
 
 from __future__ import annotations
@@ -82,12 +84,16 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object
         _wheel(base_wheels, "frank-oi-beta", "1.0",
                files={"__init__.py": "VERSION = '1.0'\n", "old_only.py": "OLD = 1\n"}),
         _wheel(base_wheels, "frank-oi-gone", "1.0"),
+        _wheel(base_wheels, "frank-oi-delta", "1.0"),
     ]
     tree = top / "base-tree"
     install_wheels([(w.name, w) for w in made], tree, "/" + SITE)
     layout = write_layout(top / "base-layout", [_tar_tree(tree)])
     for name, version, deps in (("frank-oi-alpha", "1.0", None), ("frank-oi-alpha", "2.0", None),
-                                ("frank-oi-beta", "2.0", None),
+                                ("frank-oi-beta", "2.0", ["frank-oi-zeta==1.0"]),
+                                ("frank-oi-zeta", "1.0", None),
+                                # needs a distribution no index has: only no_deps installs it
+                                ("frank-oi-delta", "2.0", ["frank-oi-nowhere==9.9"]),
                                 ("frank-oi-gamma", "1.0", ["frank-oi-alpha>=1.0"])):
         _wheel(links, name, version, deps)
     served = top / "served"
@@ -157,6 +163,8 @@ def repo(tmp_path: Path, world: dict[str, object]) -> Path:
                              'remove = ["frank-oi-gone"]')
     _part(repo, "bump-beta", 'package\ndistribution = "frank-oi-beta"\n'
                              'overrides = ["frank-oi-beta==2.0"]')
+    _part(repo, "bump-delta", 'package\ndistribution = "frank-oi-delta"\n'
+                              'overrides = ["frank-oi-delta==2.0"]\nno_deps = true')
     _part(repo, "eng-fix", textwrap.dedent(f"""\
         patch
         source_repo = "https://github.com/example/oi-engine"
@@ -213,10 +221,12 @@ def test_the_closure_is_resolved_against_the_images_own_distributions(repo: Path
     base = lock["base_python"]
     assert base["site"] == "/" + SITE
     assert base["dists"] == {"frank-oi-alpha": "1.0", "frank-oi-beta": "1.0",
-                             "frank-oi-engine": "1.0", "frank-oi-gone": "1.0"}
+                             "frank-oi-delta": "1.0", "frank-oi-engine": "1.0",
+                             "frank-oi-gone": "1.0"}
     plan = _plan(repo, "stacks/img.toml")
     installed = {w["name"]: w["version"] for x in plan["layers"] for w in x.get("wheels", [])}
-    assert installed == {"frank-oi-gamma": "1.0", "frank-oi-beta": "2.0"}  # alpha is there
+    # alpha is there already; beta's new dependency zeta is not
+    assert installed == {"frank-oi-gamma": "1.0", "frank-oi-beta": "2.0", "frank-oi-zeta": "1.0"}
 
 
 def test_diff_and_revert_describe_the_image(repo: Path) -> None:
@@ -226,7 +236,8 @@ def test_diff_and_revert_describe_the_image(repo: Path) -> None:
     assert result.code == 0, result.err
     closure = {c["distribution"]: (c["old"], c["new"]) for c in json.loads(result.out)["closure"]}
     # the engine and the image's own distributions are there on both sides
-    assert closure == {"frank-oi-beta": ("1.0", "2.0"), "frank-oi-gone": ("1.0", None)}
+    assert closure == {"frank-oi-beta": ("1.0", "2.0"), "frank-oi-gone": ("1.0", None),
+                       "frank-oi-zeta": (None, "1.0")}
     revert = frank("revert", "bump-beta", "--stack", "stacks/img.toml", "--dry-run", "--json",
                    cwd=repo)
     assert revert.code == 0, revert.err
@@ -254,7 +265,7 @@ def test_the_inventory_is_kept_by_digest_and_checked_by_content(
     store = BlobStore(tmp_path / "cache")
     layout, digest = Path(str(world["layout"])), str(world["digest"])
     first = base_inventory(layout, digest, store)
-    assert {d.name for d in first.dists} == {"frank-oi-alpha", "frank-oi-beta",
+    assert {d.name for d in first.dists} == {"frank-oi-alpha", "frank-oi-beta", "frank-oi-delta",
                                              "frank-oi-engine", "frank-oi-gone"}
     gone = first.get("frank-oi-gone")
     assert gone is not None and "frank_oi_gone/__init__.py" in gone.files
@@ -280,7 +291,7 @@ def test_a_whiteout_in_the_base_hides_a_distribution(world: dict[str, object],
 # -- B1: remove and overrides, built on the host ---------------------------------------------
 
 def test_remove_and_overrides_take_effect_in_the_image(repo: Path, tmp_path: Path) -> None:
-    stack = _stack(repo, "pkgs", ["oi-engine", "gamma", "drop-gone", "bump-beta"])
+    stack = _stack(repo, "pkgs", ["oi-engine", "gamma", "drop-gone", "bump-beta", "bump-delta"])
     plan = _plan(repo, stack)
     names = [x["name"] for x in plan["layers"]]
     assert "package:drop-gone" in names
@@ -297,11 +308,30 @@ def test_remove_and_overrides_take_effect_in_the_image(repo: Path, tmp_path: Pat
     assert dists["frank-oi-beta"] == "2.0"
     assert view.get(f"{SITE}/frank_oi_beta-1.0.dist-info/RECORD") is None
     assert view.get(f"{SITE}/frank_oi_beta/old_only.py") is None
+    assert dists["frank-oi-zeta"] == "1.0"  # beta 2.0's dependency, resolved
+    # overrides with no_deps: delta 2.0 without the dependency no index has
+    assert dists["frank-oi-delta"] == "2.0" and "frank-oi-nowhere" not in dists
+    assert view.get(f"{SITE}/frank_oi_delta-1.0.dist-info/RECORD") is None
     assert dists["frank-oi-alpha"] == "1.0" and dists["frank-oi-gamma"] == "1.0"
     assert dists["frank-oi-engine"] == "1.0"  # the image's own, untouched
     audit = frank("audit", str(layout), "--json", cwd=repo)
     assert audit.code == 0, audit.out + audit.err
     assert json.loads(audit.out)["ok"] is True
+
+
+def test_overrides_resolve_their_dependencies_unless_no_deps(repo: Path) -> None:
+    stack = _stack(repo, "delta", ["oi-engine", "gamma", "bump-delta"])  # gamma: find-links
+    assert frank("lock", stack, cwd=repo).code == 0
+    assert "frank-oi-nowhere" not in _pylock_versions(repo, stack)
+    manifest = repo / "parts/bump-delta/1.toml"
+    manifest.write_text(manifest.read_text().replace("no_deps = true\n", ""))
+    result = frank("lock", stack, cwd=repo)
+    assert result.code == 2, result.out
+    assert "frank-oi-nowhere" in result.err and len(result.err.strip().splitlines()) == 1
+    manifest.write_text(manifest.read_text().replace(  # no_deps with nothing to install
+        'overrides = ["frank-oi-delta==2.0"]\n', 'remove = ["frank-oi-gone"]\nno_deps = true\n'))
+    refused = frank("lock", stack, cwd=repo)
+    assert refused.code == 2 and "no_deps" in refused.err, refused.err
 
 
 # -- B4: a URL patch is fetched on the host --------------------------------------------------

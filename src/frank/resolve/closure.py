@@ -63,9 +63,15 @@ class ClosureRequest:
     # what an official engine image already holds (name==version): the closure is resolved
     # against it (frank.image.inventory)
     constraints: list[str] = field(default_factory=list)
+    # requirements installed without their dependencies (a package part's no_deps)
+    no_deps: list[str] = field(default_factory=list)
 
     def digest(self) -> str:
-        extra = {"constraints": sorted(self.constraints)} if self.constraints else {}
+        extra: dict[str, list[str]] = {}
+        if self.constraints:
+            extra["constraints"] = sorted(self.constraints)
+        if self.no_deps:
+            extra["no_deps"] = sorted(self.no_deps)
         return sha256_json({**extra,
             "format": CLOSURE_FORMAT, "python": self.python, "platform": self.platform,
             "requirements": sorted(self.requirements), "overrides": sorted(self.overrides),
@@ -108,9 +114,10 @@ def request_for(resolved: Resolved, base: Inventory | None = None) -> ClosureReq
         request.excludes += needs.excludes
         request.local_wheels += [LocalWheel(Path(p), sha) for p, sha in needs.local_wheels]
         request.pinned.update(needs.pinned)
+        request.no_deps += needs.no_deps
         if base is not None:
             request.requirements += needs.overrides
-    if not request.requirements:
+    if not request.requirements and not request.no_deps:
         return None
     if base is not None:
         request.constraints = base_constraints(base, request)
@@ -125,7 +132,7 @@ def base_constraints(base: Inventory, request: ClosureRequest) -> list[str]:
     from packaging.version import InvalidVersion, Version
 
     named = {canonicalize_name(Requirement(r).name) for r in
-             (*request.requirements, *request.overrides)}
+             (*request.requirements, *request.overrides, *request.no_deps)}
     named |= {canonicalize_name(n) for n in (*request.excludes, *request.pinned)}
     out = []
     for dist in base.dists:
@@ -154,14 +161,39 @@ def _uv() -> str:
 
 
 def resolve(request: ClosureRequest, out: Path, *, stack_file: Path) -> None:
-    """Resolve ``request`` with uv and write the pylock atomically."""
+    """Resolve ``request`` with uv and write the pylock atomically.
+
+    Requirements a part installs without their dependencies (``no_deps``) are resolved on
+    their own with ``--no-deps`` and left out of the rest of the closure (excluded), so
+    neither they nor their dependencies come in by way of another requirement."""
+    from packaging.requirements import Requirement
+
+    alone = [str(Requirement(r).name) for r in request.no_deps]
+    text = ""
+    if request.requirements:
+        text = _compile(request, request.requirements, stack_file,
+                        excludes=[*request.excludes, *alone])
+    if request.no_deps:
+        more = _compile(request, request.no_deps, stack_file, excludes=request.excludes,
+                        no_deps=True)
+        text = (text.rstrip("\n") + "\n\n" + more[more.index("[[packages]]"):]) \
+            if text and "[[packages]]" in more else (text or more)
+    text += f'\n[tool.frank]\nrequest = "{request.digest()}"\n'
+    wheels = select_wheels(tomllib.loads(text), request, file=out)
+    _check_pins(wheels, request, out)
+    write_atomic(out, text)
+
+
+def _compile(request: ClosureRequest, requirements: list[str], stack_file: Path, *,
+             excludes: list[str], no_deps: bool = False) -> str:
+    """One ``uv pip compile`` of ``requirements`` into pylock text (paths made relative)."""
     from frank.store.fetch import ca_bundle
 
     with tempfile.TemporaryDirectory(prefix="frank-closure-") as tmp:
         t = Path(tmp)
-        (t / "requirements.in").write_text("".join(f"{r}\n" for r in request.requirements))
+        (t / "requirements.in").write_text("".join(f"{r}\n" for r in requirements))
         (t / "overrides.txt").write_text("".join(f"{r}\n" for r in request.overrides))
-        (t / "excludes.txt").write_text("".join(f"{r}\n" for r in request.excludes))
+        (t / "excludes.txt").write_text("".join(f"{r}\n" for r in excludes))
         constraints = []
         if request.constraints:
             (t / "constraints.txt").write_text("".join(f"{r}\n" for r in request.constraints))
@@ -170,7 +202,7 @@ def resolve(request: ClosureRequest, out: Path, *, stack_file: Path) -> None:
                "-o", str(t / "pylock.toml"), "--python-version", request.python,
                "--python-platform", request.platform, "--no-header", "--quiet",
                "--overrides", str(t / "overrides.txt"), "--excludes", str(t / "excludes.txt"),
-               "--no-config", *constraints]
+               "--no-config", *constraints, *(["--no-deps"] if no_deps else [])]
         for folder in sorted({str(w.path.parent) for w in request.local_wheels}):
             cmd += ["--find-links", folder]
         env = {k: v for k, v in os.environ.items() if not k.startswith("UV_")}
@@ -186,11 +218,7 @@ def resolve(request: ClosureRequest, out: Path, *, stack_file: Path) -> None:
             raise FrankError(f"resolving the Python closure failed: {why.strip()} {detail}",
                              file=stack_file)
         text = (t / "pylock.toml").read_text(encoding="utf-8")
-    text = text.replace(str(Path(tmp)), ".")
-    text += f'\n[tool.frank]\nrequest = "{request.digest()}"\n'
-    wheels = select_wheels(tomllib.loads(text), request, file=out)
-    _check_pins(wheels, request, out)
-    write_atomic(out, text)
+    return text.replace(str(Path(tmp)), ".")
 
 
 def current(request: ClosureRequest, path: Path) -> bool:

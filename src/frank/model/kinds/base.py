@@ -172,6 +172,9 @@ class PythonNeeds:
     local_wheels: tuple[tuple[Path, str], ...] = ()  # (wheel file, sha256) found by path
     pinned: tuple[tuple[str, str], ...] = ()  # (distribution, sha256 its wheel must have)
     owns: tuple[str, ...] = ()  # distributions whose wheels go into this part's own layer
+    # PEP 508 lines installed without their dependencies (a part's ``no_deps``): resolved
+    # on their own, and left out of the rest of the closure
+    no_deps: tuple[str, ...] = ()
 
 
 @dataclass
