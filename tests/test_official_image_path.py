@@ -400,3 +400,13 @@ def test_an_image_that_keeps_a_removed_distribution_fails_the_audit(
     report = json.loads(audit.out)
     found = [d for d in report["differences"] if d["check"] == "removed distribution present"]
     assert found and found[0]["part"] == "drop-gone"
+    # and without the layer that installs beta 2.0 over the image's 1.0
+    deps = next(x["index"] for x in plan["layers"]
+                if any(w["name"] == "frank-oi-beta" for w in x.get("wheels", [])))
+    old = write_layout(tmp_path / "old-beta", [b.read_bytes() for i, b in enumerate(blobs)
+                                                if i != deps])
+    audit = frank("audit", str(old), "--json", cwd=repo)
+    assert audit.code == 1, audit.out + audit.err
+    lines = json.loads(audit.out)["differences"]
+    assert any("frank_oi_beta-1.0.dist-info" in d["path"] or d["lock"] == "frank-oi-beta 2.0"
+               for d in lines), lines
