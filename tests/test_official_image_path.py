@@ -288,6 +288,35 @@ def test_a_whiteout_in_the_base_hides_a_distribution(world: dict[str, object],
     assert inv.get("frank-oi-alpha") is not None
 
 
+def test_a_base_layer_that_does_not_match_its_digest_is_refused(
+        world: dict[str, object], tmp_path: Path) -> None:
+    import shutil
+
+    from frank.errors import FrankError
+
+    layout = tmp_path / "layout"
+    shutil.copytree(Path(str(world["layout"])), layout)
+    blob = _blobs(layout)[0]
+    data = bytearray(blob.read_bytes())
+    data[-1] ^= 1  # in the tar's zero padding: still a readable tar
+    blob.write_bytes(bytes(data))
+    with pytest.raises(FrankError, match="does not match its digest"):
+        base_inventory(layout, str(world["digest"]), BlobStore(tmp_path / "cache"))
+
+
+def test_lock_check_never_downloads_an_engine_image(repo: Path) -> None:
+    official = (repo / "images/vllm-openai-v0.24.0.toml").read_text().split('ref = "')[1]
+    engine = repo / "parts/oi-engine/1.toml"
+    engine.write_text(engine.read_text().replace(engine.read_text().split('image = "')[1]
+                                                 .split('"')[0], official.split('"')[0]))
+    stack = _stack(repo, "hub", ["oi-engine", "drop-gone"])
+    text = (repo / stack).read_text().replace('"offbase"', '"vllm-openai-v0.24.0"')
+    (repo / stack).write_text(text)
+    result = frank("lock", "--check", stack, cwd=repo)
+    assert result.code == 2, result.out + result.err
+    assert "not in the cache yet" in result.err and len(result.err.strip().splitlines()) == 1
+
+
 # -- B1: remove and overrides, built on the host ---------------------------------------------
 
 def test_remove_and_overrides_take_effect_in_the_image(repo: Path, tmp_path: Path) -> None:

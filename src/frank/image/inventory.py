@@ -136,17 +136,20 @@ def base_inventory(layout: Path, image: str, store: BlobStore) -> Inventory:
     return parsed
 
 
-def inventory_for(definition: Path, store: BlobStore | None = None) -> Inventory:
-    """The inventory of the base ``images/<name>.toml`` names by digest (fetched once)."""
+def inventory_for(definition: Path, store: BlobStore | None = None, *,
+                  offline: bool = False) -> Inventory:
+    """The inventory of the base ``images/<name>.toml`` names by digest (fetched once;
+    ``offline``: a registry image not yet copied here is an error, not a download)."""
     store = store or BlobStore()
-    layout, image = pinned_layout(definition, store)
+    layout, image = pinned_layout(definition, store, offline=offline)
     return base_inventory(layout, image, store)
 
 
-def pinned_layout(definition: Path, store: BlobStore) -> tuple[Path, str]:
+def pinned_layout(definition: Path, store: BlobStore, *,
+                  offline: bool = False) -> tuple[Path, str]:
     """(layout, manifest digest) of a base named by reference in ``images/<name>.toml``:
     a local layout (``oci:DIR@sha256:...``, DIR relative to the file) or a registry image
-    copied once into the cache."""
+    copied once into the cache (``offline``: only if it is there already)."""
     from frank.model.imagefile import load_image_file, parse_pinned_ref
 
     img = load_image_file(definition)
@@ -161,7 +164,12 @@ def pinned_layout(definition: Path, store: BlobStore) -> tuple[Path, str]:
         return layout, digest
     from frank.image.remote import pull_pinned
 
-    return pull_pinned(name, digest, store.root / "bases" / digest.split(":")[1])
+    layout = store.root / "bases" / digest.split(":")[1]
+    if offline and not layout.with_name(f"{layout.name}.pinned").is_file():
+        raise FrankError(f"the engine image {img.ref} is not in the cache yet, so its Python "
+                         "distributions cannot be read offline (run `frank lock`)",
+                         file=definition, field="ref")
+    return pull_pinned(name, digest, layout)
 
 
 # -- reading the layers ----------------------------------------------------------------------

@@ -131,7 +131,7 @@ def lock_resolved(resolved: Resolved, path: Path, root: Path, closure: ClosureMo
         from frank.resolve.derive import derive_outputs  # only a stack that has one pays
 
         derived = derive_outputs(resolved, previous, siblings, closure)
-    base = engine_image_inventory(resolved)
+    base = engine_image_inventory(resolved, offline=closure == "check")
     base_python = None if base is None else {
         "image": base.image, "inventory": base.sha256, "site": "/" + (base.site() or ""),
         "dists": base.versions()}
@@ -171,10 +171,11 @@ def lock_resolved(resolved: Resolved, path: Path, root: Path, closure: ClosureMo
                   closure_file=pylock, closure_stale=stale, closure_resolved=resolved_now)
 
 
-def engine_image_inventory(resolved: Resolved) -> Inventory | None:
+def engine_image_inventory(resolved: Resolved, *, offline: bool = False) -> Inventory | None:
     """What the official engine image the stack sits on holds, when a package part changes
-    its Python distributions (read from its layers once per digest, frank.image.inventory);
-    None for every other stack."""
+    its Python distributions (read from its layers once per digest, frank.image.inventory;
+    ``offline``: `frank lock --check`, which never downloads the image); None for every
+    other stack."""
     from frank.model.kinds.base import PartContext, PythonNeeds
     from frank.model.kinds.engine import EngineBase
 
@@ -189,7 +190,7 @@ def engine_image_inventory(resolved: Resolved) -> Inventory | None:
     from frank.image.inventory import inventory_for
 
     definition = resolved.root / "images" / f"{resolved.base_image['name']}.toml"
-    inventory = inventory_for(definition)
+    inventory = inventory_for(definition, offline=offline)
     if inventory.site() is None:
         raise FrankError(f"the engine image {engine.image} holds no Python distribution in a "
                          "site-packages folder, so package parts cannot change it",
