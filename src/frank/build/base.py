@@ -21,9 +21,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from frank.build.baselayout import BaseImage
 from frank.model.imagefile import load_image_file, parse_pinned_ref
 from frank.store.blobs import BlobStore
+
+if TYPE_CHECKING:
+    from frank.build.patching import PatchResult
+    from frank.image.inventory import Inventory
 
 BASE_FORMAT = "frank-base-1"
 
@@ -36,14 +42,83 @@ def resolve_base(path: Path, store: BlobStore, *, quiet: bool = False) -> BaseIm
 
         return debs_base(img.debs, path, store, name=img.name, quiet=quiet)
     assert img.ref is not None
-    name, digest = parse_pinned_ref(img.ref, file=path)
-    if name.startswith("oci:"):
-        layout = Path(name[4:])
-        if not layout.is_absolute():
-            layout = (Path(path).parent / layout).resolve()
-        return BaseImage(name=img.name, layout=layout, digest=digest)
-    from frank.image.remote import pull_pinned
+    from frank.image.inventory import pinned_layout
 
-    layout, image_digest = pull_pinned(name, digest, store.root / "bases" / digest.split(":")[1])
+    _, digest = parse_pinned_ref(img.ref, file=path)
+    layout, image_digest = pinned_layout(path, store)
     return BaseImage(name=img.name, layout=layout, digest=image_digest,
                      pinned=None if image_digest == digest else digest)
+
+
+def plan_inventory(base_python: dict[str, str], definition: Path, store: BlobStore
+                   ) -> tuple[Path, str, Inventory]:
+    """(layout, manifest digest, inventory) of the official engine image a plan sits on,
+    the inventory held to the sha256 its lock recorded (kept one or read again)."""
+    from frank.errors import FrankError
+    from frank.image.inventory import base_inventory, pinned_layout
+
+    layout, image = pinned_layout(definition, store)
+    inventory = base_inventory(layout, image, store)
+    if inventory.image != base_python["image"] or inventory.sha256 != base_python["inventory"]:
+        raise FrankError(f"the base image's Python distributions (inventory sha256 "
+                         f"{inventory.sha256[:16]}, image {inventory.image}) are not those the "
+                         f"lock read (sha256 {base_python['inventory'][:16]}); run `frank lock`",
+                         file=definition)
+    return layout, image, inventory
+
+
+def patch_base_engine(patch_text: str, dist: str, base_python: dict[str, str],
+                      definition: Path, store: BlobStore, site_root: Path, *, label: str,
+                      log: Path) -> PatchResult:
+    """Apply a Python-only patch to the official engine image's own ``dist`` files, read
+    from its layers; the changed files land under ``site_root``."""
+    from frank.build.patching import apply_to_files
+    from frank.errors import FrankError
+    from frank.image.inventory import read_files
+
+    layout, image, inventory = plan_inventory(base_python, definition, store)
+    engine = inventory.get(dist)
+    if engine is None:
+        raise FrankError(f"the engine image holds no {dist} distribution to patch",
+                         file=definition, field=label)
+    packages = {f.split("/", 1)[0] for f in engine.files if "/" in f
+                and not f.split("/", 1)[0].endswith((".dist-info", ".data"))
+                and not f.startswith("..")}
+
+    def originals(paths: list[str]) -> dict[str, bytes]:
+        got = read_files(layout, image, {f"{engine.site}/{p}" for p in paths})
+        return {p[len(engine.site) + 1:]: data for p, data in got.items()}
+
+    return apply_to_files(patch_text, packages, originals, site_root, label=label, log=log,
+                          what=f"the engine image's {dist} {engine.version}")
+
+
+def whiteouts(inventory: Inventory, names: list[str], staging: Path) -> list[str]:
+    """OCI whiteouts in ``staging`` (a layer's tree) of every path the base's distributions
+    ``names`` installed and of their dist-info folders, except a path the layer itself
+    writes (a newer version of the same file); returns the image paths whited out."""
+    from frank.errors import FrankError
+
+    out = []
+    for name in names:
+        dist = inventory.get(name)
+        if dist is None:
+            raise FrankError(f"the base image holds no {name} to take out")
+        gone = {dist.info}  # its dist-info goes whole: nothing under it is named again
+        for path in [dist.info, *(p for p in dist.image_paths() if p != dist.info)]:
+            here = staging / path
+            if here.exists() or here.is_symlink():
+                continue
+            if path != dist.info and any(parent in gone or (staging / parent).is_file()
+                                         for parent in _parents(path)):
+                continue
+            marker = here.parent / f".wh.{here.name}"
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.write_bytes(b"")
+            out.append(path)
+    return out
+
+
+def _parents(path: str) -> list[str]:
+    parts = path.split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts))]

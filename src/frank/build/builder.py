@@ -161,7 +161,8 @@ def _make_missing(missing: list[tuple[PlanLayer, LayerInput]], plan: BuildPlan,
 
     # patches first, on their own: one that cannot be had fails before gigabytes of wheels
     fetcher.fetch_all([Pinned(x.patch.source, x.patch.sha256) for x, _ in missing
-                       if x.patch and "://" in x.patch.source])
+                       if x.patch and "://" in x.patch.source]
+                      + [Pinned(f.url, f.sha256) for x, _ in missing for f in x.fetched])
     store = fetcher.store
     with Progress(TextColumn(f"{len(missing)} layers: fetching and writing"), BarColumn(),
                   DownloadColumn(), console=console, transient=True) as bar:
@@ -191,10 +192,12 @@ def _fetch_inputs(layers: list[PlanLayer], fetcher: Fetcher, console: Console,
     # gigabytes of wheels are downloaded
     patches = [Pinned(layer.patch.source, layer.patch.sha256) for layer in layers
                if layer.patch and "://" in layer.patch.source]
+    patches += [Pinned(f.url, f.sha256) for layer in layers for f in layer.fetched]
     fetcher.fetch_all(patches)
     items = [Pinned(w.url, w.sha256, w.size) for layer in layers for w in layer.wheels]
     items += [Pinned(layer.patch.engine_wheel.url, layer.patch.engine_wheel.sha256,
-                     layer.patch.engine_wheel.size) for layer in layers if layer.patch]
+                     layer.patch.engine_wheel.size) for layer in layers
+              if layer.patch and layer.patch.engine_wheel]
     todo = [i for i in items if not fetcher.store.has(i.digest)]
     if todo:
         total = sum(i.size or 0 for i in todo)
@@ -214,12 +217,28 @@ def assemble_layer(layer: PlanLayer, plan: BuildPlan, root: Path, staging: Path,
 
     site = plan.site_packages
     stage_layer(layer, root, staging)
+    for item in layer.fetched:  # fetched here, on the host, verified: never in the image
+        from frank.build.context import image_path_under
+
+        dest = image_path_under(staging, item.dest, layer.name)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(fetcher.fetch(Pinned(item.url, item.sha256)), dest)
     if layer.wheels:
         paths = [(w.filename, fetcher.fetch(Pinned(w.url, w.sha256, w.size)))
                  for w in layer.wheels]
         install_wheels(paths, staging, site)
     if layer.patch is not None:
-        _apply_patch(layer, root, staging, fetcher, site, log)
+        _apply_patch(layer, plan, root, staging, fetcher, log)
+    if layer.base_remove:
+        from frank.build.base import plan_inventory, whiteouts
+
+        assert plan.base_python is not None
+        _, _, inventory = plan_inventory(
+            plan.base_python, root / "images" / f"{plan.base_image['name']}.toml",
+            fetcher.store)
+        gone = whiteouts(inventory, layer.base_remove, staging)
+        _log(log, f"layer {layer.index}: {', '.join(layer.base_remove)} of the engine image "
+                  f"taken out ({len(gone)} whiteouts)")
     sources = [root / folder for folder in layer.build_wheels]
     if layer.kernel is not None:
         tree, source = _compile_kernel(layer, root, staging, fetcher)
@@ -237,13 +256,14 @@ def assemble_layer(layer: PlanLayer, plan: BuildPlan, root: Path, staging: Path,
             install_wheels(wheels, staging, site)
 
 
-def _apply_patch(layer: PlanLayer, root: Path, staging: Path, fetcher: Fetcher, site: str,
-                 log: Path) -> None:
+def _apply_patch(layer: PlanLayer, plan: BuildPlan, root: Path, staging: Path,
+                 fetcher: Fetcher, log: Path) -> None:
     from frank.build.patching import apply_to_wheel
     from frank.model.kinds.patch import touches_compiled
     from frank.store.fetch import Pinned
 
     step = layer.patch
+    site = plan.site_packages
     assert step is not None
     if "://" in step.source:
         text = fetcher.fetch(Pinned(step.source, step.sha256)).read_text(encoding="utf-8")
@@ -253,8 +273,18 @@ def _apply_patch(layer: PlanLayer, root: Path, staging: Path, fetcher: Fetcher, 
         raise FrankError(f"declared {step.declared_compiled} but the diff "
                          f"{'touches' if not step.declared_compiled else 'does not touch'} "
                          "compiled code", file=root / step.manifest, field="touches_compiled")
-    wheel = fetcher.fetch(Pinned(step.engine_wheel.url, step.engine_wheel.sha256))
-    result = apply_to_wheel(text, wheel, staging / site.lstrip("/"), label=layer.name, log=log)
+    if step.engine_wheel is None:  # the official engine image's own files
+        from frank.build.base import patch_base_engine
+
+        assert plan.base_python is not None and step.base_dist is not None
+        result = patch_base_engine(
+            text, step.base_dist, plan.base_python,
+            root / "images" / f"{plan.base_image['name']}.toml", fetcher.store,
+            staging / site.lstrip("/"), label=layer.name, log=log)
+    else:
+        wheel = fetcher.fetch(Pinned(step.engine_wheel.url, step.engine_wheel.sha256))
+        result = apply_to_wheel(text, wheel, staging / site.lstrip("/"), label=layer.name,
+                                log=log)
     _log(log, f"layer {layer.index}: {step.part}: {len(result.changed)} files changed, "
               f"{len(result.deleted)} deleted, {len(result.skipped)} outside the wheel left "
               f"out: {', '.join(result.skipped)}")

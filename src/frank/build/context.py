@@ -31,8 +31,10 @@ PLAIN_PATH = re.compile(r"[A-Za-z0-9_.+/-]+")
 
 
 def host_built(layer: PlanLayer) -> bool:
-    """Whether frank assembles this layer on the host (wheels, a patch, a kernel)."""
-    return bool(layer.wheels or layer.patch or layer.build_wheels or layer.kernel)
+    """Whether frank assembles this layer on the host (wheels, a patch, a kernel, files it
+    fetches, whiteouts of an engine image's distributions)."""
+    return bool(layer.wheels or layer.patch or layer.build_wheels or layer.kernel
+                or layer.base_remove or layer.fetched)
 
 
 def checked_out(layer: PlanLayer) -> bool:

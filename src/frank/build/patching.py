@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from collections.abc import Callable
 import subprocess
 import tempfile
 import zipfile
@@ -41,7 +42,22 @@ class PatchResult:
 def apply_to_wheel(patch_text: str, wheel: Path, site_root: Path, *, label: str,
                    log: Path) -> PatchResult:
     """Apply the wheel's part of ``patch_text``; changed files land under ``site_root``."""
-    packages = wheel_packages(wheel)
+
+    def originals(paths: list[str]) -> dict[str, bytes]:
+        with zipfile.ZipFile(wheel) as zf:
+            names = set(zf.namelist())
+            return {p: zf.read(p) for p in paths if p in names}
+
+    return apply_to_files(patch_text, wheel_packages(wheel), originals, site_root,
+                          label=label, log=log, what=wheel.name)
+
+
+def apply_to_files(patch_text: str, packages: set[str],
+                   originals: Callable[[list[str]], dict[str, bytes]], site_root: Path, *,
+                   label: str, log: Path, what: str) -> PatchResult:
+    """Apply the part of ``patch_text`` under ``packages`` (top-level folders of the site
+    folder) to the original files ``originals`` gives (site-relative path -> bytes);
+    changed files land under ``site_root``, a deleted one as an OCI whiteout."""
     parts = split_diff(patch_text)
     inside = [p for p in parts if PurePosixPath(p.path).parts[0] in packages]
     skipped = sorted(p.path for p in parts if p not in inside)
@@ -52,13 +68,10 @@ def apply_to_wheel(patch_text: str, wheel: Path, site_root: Path, *, label: str,
     with tempfile.TemporaryDirectory(prefix="frank-patch-") as tmp:
         work = Path(tmp) / "tree"
         work.mkdir()
-        with zipfile.ZipFile(wheel) as zf:
-            names = set(zf.namelist())
-            for p in inside:
-                if p.path in names:
-                    target = work / p.path
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    target.write_bytes(zf.read(p.path))
+        for rel, data in originals([p.path for p in inside]).items():
+            target = work / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
         filtered = Path(tmp) / "filtered.patch"
         filtered.write_text("".join(p.text for p in inside), encoding="utf-8")
         proc = subprocess.run(
@@ -73,7 +86,7 @@ def apply_to_wheel(patch_text: str, wheel: Path, site_root: Path, *, label: str,
             why = [x for x in (proc.stdout + proc.stderr).splitlines()
                    if "FAILED" in x or "can't find" in x.lower() or "malformed" in x.lower()
                    or "reversed" in x.lower()][:2]
-            raise FrankError(f"the patch does not apply to {wheel.name}: "
+            raise FrankError(f"the patch does not apply to {what}: "
                              f"{'; '.join(why) or 'patch failed'} (log {log})", field=label)
         changed, deleted = [], []
         for p in inside:

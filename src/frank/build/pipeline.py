@@ -42,7 +42,7 @@ def streamable(layer: PlanLayer) -> bool:
     """A layer of wheels only: its tar can be written from the wheels themselves."""
     return bool(layer.wheels) and not (
         layer.files or layer.generated or layer.patch or layer.build_wheels or layer.kernel
-        or layer.run or layer.stage or layer.pip_install)
+        or layer.run or layer.stage or layer.pip_install or layer.base_remove)
 
 
 @dataclass
@@ -61,7 +61,7 @@ def inputs(layers: list[PlanLayer]) -> dict[str, Pinned]:
     for layer in layers:
         for w in layer.wheels:
             items[w.sha256] = Pinned(w.url, w.sha256, w.size)
-        if layer.patch:
+        if layer.patch and layer.patch.engine_wheel:
             ew = layer.patch.engine_wheel
             items[ew.sha256] = Pinned(ew.url, ew.sha256, ew.size)
     return items
@@ -146,7 +146,7 @@ def build_missing(missing: list[tuple[PlanLayer, LayerInput]], *, site: str, epo
         downloads = {item.sha256: dl.submit(fetched, item) for item in order}
         for x, s in staged:  # meanwhile, in this thread: each once its own wheels are in
             needs = [w.sha256 for w in x.wheels]
-            if x.patch:
+            if x.patch and x.patch.engine_wheel:
                 needs.append(x.patch.engine_wheel.sha256)
             for sha in needs:
                 downloads[sha].result()

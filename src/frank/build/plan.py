@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from packaging.utils import canonicalize_name
+from pydantic import Field
 
 from frank.errors import FrankError
 from frank.hashing import sha256_bytes, sha256_json
@@ -58,6 +59,14 @@ class CopyStep(Strict):
     dest: str
 
 
+class FetchedFile(Strict):
+    """A file frank fetches on the host into the store by sha256 and places at ``dest``."""
+
+    url: str
+    sha256: str
+    dest: str
+
+
 class GeneratedFile(Strict):
     """A small file frank writes (a pinned requirements line, the lock)."""
 
@@ -82,9 +91,12 @@ class PatchStep(Strict):
     part: str
     source: str  # repo path or URL
     sha256: str
-    engine_wheel: WheelRef
+    # the engine's files: its pinned wheel's, or (None) the official engine image's own,
+    # read from the base's layers (``base_dist`` names its distribution there)
+    engine_wheel: WheelRef | None
     manifest: str  # the patch part's manifest (errors name it)
     declared_compiled: bool
+    base_dist: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class SourceCheckout(Strict):
@@ -131,6 +143,10 @@ class PlanLayer(Strict):
     impure: bool = False  # runs commands inside the image (a container engine), see `run`
     network: bool = False  # those commands reach the network (pip, git, apt-get, a URL)
     stage: StageStep | None = None  # built in a builder stage, its outputs copied in
+    # distributions of the official engine image this layer takes out (an OCI whiteout of
+    # every path its RECORD lists and of its dist-info, except paths the layer writes)
+    base_remove: list[str] = Field(default=[], exclude_if=lambda v: not v)
+    fetched: list[FetchedFile] = Field(default=[], exclude_if=lambda v: not v)
 
 
 class EnginePath(Strict):
@@ -161,6 +177,9 @@ class BuildPlan(Strict):
     layers: list[PlanLayer]
     config: ImageConfig
     site_packages: str = SITE_PACKAGES
+    # the official engine image's inventory (its digest, the inventory's sha256): what a
+    # layer's base_remove and a patch of the image's engine read
+    base_python: dict[str, str] | None = Field(default=None, exclude_if=lambda v: v is None)
 
     # import smoke checks per part (argv lists), run by the launcher before the engine
     checks: dict[str, list[list[str]]] = {}
@@ -270,9 +289,13 @@ def _hermetic_engine_layers(lock: Lock, root: Path, parts: Sequence[tuple[Locked
 
     Returns the closure's shared layers (nvidia, torch, deps) and, per owning part name,
     the layer holding the distributions that part owns (the engine's own wheel, a
-    package part's wheel).
+    package part's wheel). On an official engine image, a distribution the image already
+    holds at the locked version is left out (it is there), and one it holds at another
+    version is taken out by the layer that installs the locked one.
     """
     wheels = closure_wheels(lock, root, closure)
+    base = dict((lock.base_python or {}).get("dists") or {})
+    wheels = [w for w in wheels if base.get(w.name) != w.version]
     owner: dict[str, str] = {}
     for locked, part in parts:
         ctx = PartContext(root=root, manifest=root / locked.manifest)
@@ -305,7 +328,63 @@ def _hermetic_engine_layers(lock: Lock, root: Path, parts: Sequence[tuple[Locked
                 f"{locked.kind}:{locked.name}", locked.kind, locked.name, owned[locked.name],
                 "wheel pinned by sha256, installed on the host from the locked closure",
                 inputs=locked.inputs)
+    if base:
+        shared = [_replacing(x, base, lock) for x in shared]
+        by_part = {k: _replacing(x, base, lock) for k, x in by_part.items()}
     return shared, by_part
+
+
+def _replacing(layer: PlanLayer, base: dict[str, str], lock: Lock) -> PlanLayer:
+    """A wheel layer over an official engine image, installed into the image's own site
+    folder: each distribution the image holds at another version is taken out by this
+    layer (as pip would uninstall it first)."""
+    assert lock.base_python is not None
+    old = sorted(w.name for w in layer.wheels if w.name in base)
+    said = ", ".join(f"{n} {base[n]}" for n in old)
+    return layer.model_copy(update={
+        "base_remove": old,
+        "key": sha256_json({"own": layer.key, "site": lock.base_python["site"],
+                            "base_remove": old, "inventory": lock.base_python["inventory"]}),
+        "why": layer.why + (f"; replaces the engine image's {said}" if old else "")})
+
+
+def _removal_layer(locked: LockedPart, part: Package, lock: Lock) -> PlanLayer | None:
+    """A package part's ``remove`` on an official engine image: the distributions the image
+    holds taken out (whiteouts of every RECORD path and the dist-info)."""
+    assert lock.base_python is not None
+    base = lock.base_python.get("dists") or {}
+    gone = sorted({str(canonicalize_name(d)) for d in part.remove} & set(base))
+    if not gone:
+        return None
+    key = sha256_json({"format": INSTALL_FORMAT, "base_remove": gone,
+                       "inventory": lock.base_python["inventory"]})
+    return PlanLayer(index=0, name=f"{locked.kind}:{locked.name}", part=locked.name,
+                     kind=locked.kind, key=key, inputs=locked.inputs, files=[], generated=[],
+                     pip_install=[], run=[], base_remove=gone, manifest=locked.manifest,
+                     why="takes the engine image's "
+                         f"{', '.join(f'{n} {base[n]}' for n in gone)} out: a whiteout of "
+                         "every path its RECORD lists and of its dist-info")
+
+
+def _base_patch_layer(locked: LockedPart, part: Patch, engine: EngineBase,
+                      lock: Lock) -> PlanLayer:
+    """A Python-only patch of the official engine image's own engine files: the diff
+    fetched on the host (a URL one into the store, by sha256), applied on the host to the
+    files read from the image's layers; the layer holds the files it changes."""
+    assert lock.base_python is not None
+    source = part.file if part.file is not None else str(part.url)
+    sha = part.sha256 or locked.inputs[str(part.file)]
+    dist = str(canonicalize_name(engine.distribution))
+    step = PatchStep(part=part.name, source=source, sha256=sha, engine_wheel=None,
+                     manifest=locked.manifest, declared_compiled=part.touches_compiled,
+                     base_dist=dist)
+    key = sha256_json({"format": INSTALL_FORMAT, "patch": sha, "base_dist": dist,
+                       "inventory": lock.base_python["inventory"]})
+    return PlanLayer(index=0, name=f"patch:{part.name}", part=part.name, kind="patch", key=key,
+                     inputs=locked.inputs, files=[], generated=[], pip_install=[], run=[],
+                     why=f"Python-only patch applied on the host to the engine image's {dist} "
+                         "files (read from its layers); the layer holds the files it changes",
+                     patch=step)
 
 
 def _patch_layer(locked: LockedPart, part: Patch, engine_layer: PlanLayer) -> PlanLayer:
@@ -342,8 +421,9 @@ def _part_layer(locked: LockedPart, part: PartBase, root: Path) -> PlanLayer | N
                           source=SourceCheckout(repo=src.repo, commit=src.commit,
                                                 submodules=src.submodules, dest=src.dest)
                           if src is not None else None)
+    fetched = [FetchedFile(url=u, sha256=h, dest=d) for u, h, d in contribution.fetched]
     if not (contribution.files or contribution.generated or pip or run or build_wheels
-            or kernel or stage):
+            or kernel or stage or fetched):
         return None
     # The part's key, and how frank turns it into a layer: a change to either is a
     # different layer, so a cached layer is never reused for other content.
@@ -352,6 +432,7 @@ def _part_layer(locked: LockedPart, part: PartBase, root: Path) -> PlanLayer | N
                        "generated": contribution.generated, "run": run, "pip_install": pip,
                        "build_wheels": build_wheels, "kernel": kernel,
                        "stage": stage.model_dump() if stage else None,
+                       **({"fetched": [f.model_dump() for f in fetched]} if fetched else {}),
                        "format": INSTALL_FORMAT, "site": SITE_PACKAGES})
     return PlanLayer(
         index=0, name=f"{locked.kind}:{locked.name}", part=locked.name,
@@ -360,7 +441,7 @@ def _part_layer(locked: LockedPart, part: PartBase, root: Path) -> PlanLayer | N
         generated=[GeneratedFile(dest=d, text=t) for d, t in contribution.generated],
         pip_install=pip, run=run, why=contribution.why, build_wheels=build_wheels,
         kernel=kernel, manifest=locked.manifest, impure=bool(run or stage), stage=stage,
-        network=contribution.network)
+        network=contribution.network, fetched=fetched)
 
 
 def _derived_layer(locked: LockedPart, part: Derived, root: Path) -> PlanLayer:
@@ -406,19 +487,33 @@ def build_plan(lock: Lock, root: Path, closure: bytes | None = None) -> BuildPla
     parts = [(locked, PART_ADAPTER.validate_python(locked.spec)) for locked in lock.parts]
     hermetic = path is not None and path.strategy == "release-wheel" \
         and lock.python_closure is not None
+    # an official engine image whose distributions the lock read: the package parts'
+    # wheels installed, removals taken out and patches applied on the host, over it
+    on_base = path is not None and path.strategy == "image" and lock.base_python is not None
     layers: list[PlanLayer] = []
     owned: dict[str, PlanLayer] = {}
-    if hermetic or (path is None and lock.python_closure is not None):
+    if (hermetic or on_base or path is None) and lock.python_closure is not None:
         shared, owned = _hermetic_engine_layers(lock, root, parts, closure)
         layers += shared
     source_patches: list[str] = []
     engine_layer: PlanLayer | None = None
     for locked, part in parts:
+        if on_base and isinstance(part, Package) and part.remove:
+            removal = _removal_layer(locked, part, lock)
+            if removal is not None:
+                layers.append(removal)
         if locked.name in owned:
             layers.append(owned[locked.name])
             if isinstance(part, EngineBase):
                 engine_layer = owned[locked.name]
             continue
+        if on_base and isinstance(part, Patch):
+            image_engine = next(p for _, p in parts if isinstance(p, EngineBase))
+            layers.append(_base_patch_layer(locked, part, image_engine, lock))
+            continue
+        if on_base and (isinstance(part, EngineBase)
+                        or (isinstance(part, Package) and part.git is None)):
+            continue  # the image is the engine; a package's wheel is in the closure
         if hermetic and isinstance(part, Patch):
             assert engine_layer is not None
             layers.append(_patch_layer(locked, part, engine_layer))
@@ -484,6 +579,11 @@ def build_plan(lock: Lock, root: Path, closure: bytes | None = None) -> BuildPla
         plan_version=PLAN_VERSION, stack=lock.stack, lock_digest=lock.digest,
         source_date_epoch=SOURCE_DATE_EPOCH, base_image=lock.base_image, engine=path,
         layers=layers, checks=_checks(parts),
+        site_packages=str(lock.base_python["site"]) if on_base and lock.base_python
+        else SITE_PACKAGES,
+        base_python={"image": str(lock.base_python["image"]),
+                     "inventory": str(lock.base_python["inventory"])}
+        if on_base and lock.base_python else None,
         config=ImageConfig(env=dict(sorted(env.items())),
                            entrypoint=["python3", LAUNCHER_IN_IMAGE, "--lock", LOCK_IN_IMAGE],
                            cmd=[], labels=labels),

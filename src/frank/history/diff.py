@@ -96,7 +96,17 @@ def part_changes(a: Lock, b: Lock) -> list[dict[str, Any]]:
 def _versions(lock: Lock, plan: BuildPlan, root: Path, closure: bytes | None
               ) -> dict[str, str]:
     """name -> version of the lock's Python closure: from the plan's wheel layers when it
-    installs them (no second read of the pylock), else from the pylock itself."""
+    installs them (no second read of the pylock), else from the pylock itself. On an
+    official engine image whose distributions the lock read, what the image holds: the
+    image's own, less those a layer takes out, with the closure's over them."""
+    if plan.base_python is not None and lock.base_python is not None:
+        held = dict(lock.base_python.get("dists") or {})
+        for layer in plan.layers:
+            for name in layer.base_remove:
+                held.pop(name, None)
+        if lock.python_closure is not None:
+            held.update({w.name: w.version for w in closure_wheels(lock, root, closure)})
+        return held
     wheels = [w for layer in plan.layers for w in layer.wheels]
     if not wheels and lock.python_closure is not None:
         wheels = closure_wheels(lock, root, closure)

@@ -35,6 +35,7 @@ from frank.hashing import sha256_bytes, sha256_json
 if TYPE_CHECKING:
     from packaging.tags import Tag
 
+    from frank.image.inventory import Inventory
     from frank.resolve.resolver import Resolved
 
 CLOSURE_FORMAT = 1
@@ -66,11 +67,22 @@ class ClosureRequest:
     from_index: dict[str, str] = field(default_factory=dict)  # distribution -> index name
     # distribution -> (stack file, field) that mapped it: where an error points, not hashed
     index_origin: dict[str, tuple[Path, str]] = field(default_factory=dict, compare=False)
+    # what an official engine image already holds (name==version): the closure is resolved
+    # against it (frank.image.inventory)
+    constraints: list[str] = field(default_factory=list)
+    # requirements installed without their dependencies (a package part's no_deps)
+    no_deps: list[str] = field(default_factory=list)
 
     def digest(self) -> str:
-        # the indexes only when there are any: a stack without keeps its pylock current
-        extra = {"indexes": dict(sorted(self.indexes.items())),
-                 "from_index": dict(sorted(self.from_index.items()))} if self.indexes else {}
+        # each extra only when it is there: a stack without keeps its pylock current
+        extra: dict[str, Any] = {}
+        if self.indexes:
+            extra["indexes"] = dict(sorted(self.indexes.items()))
+            extra["from_index"] = dict(sorted(self.from_index.items()))
+        if self.constraints:
+            extra["constraints"] = sorted(self.constraints)
+        if self.no_deps:
+            extra["no_deps"] = sorted(self.no_deps)
         return sha256_json({
             "format": CLOSURE_FORMAT, "python": self.python, "platform": self.platform,
             "requirements": sorted(self.requirements), "overrides": sorted(self.overrides),
@@ -92,8 +104,13 @@ class Wheel:
     size: int | None
 
 
-def request_for(resolved: Resolved) -> ClosureRequest | None:
-    """The closure request of a resolved stack; None when no part brings Python packages."""
+def request_for(resolved: Resolved, base: Inventory | None = None) -> ClosureRequest | None:
+    """The closure request of a resolved stack; None when no part brings Python packages.
+
+    ``base``: what the official engine image the stack sits on holds. Its distributions are
+    the closure's constraints (a dependency the image has stays at the image's version),
+    except those a part names; an override then is a requirement too (it installs that
+    version over the image's)."""
     from frank.model.kinds.base import PartContext
     from frank.model.kinds.engine import EngineBase
 
@@ -111,27 +128,54 @@ def request_for(resolved: Resolved) -> ClosureRequest | None:
         request.excludes += needs.excludes
         request.local_wheels += [LocalWheel(Path(p), sha) for p, sha in needs.local_wheels]
         request.pinned.update(needs.pinned)
-    if not request.requirements:
+        request.no_deps += needs.no_deps
+        if base is not None:
+            request.requirements += needs.overrides
+    if not request.requirements and not request.no_deps:
         if request.from_index:  # an index with nothing to serve would be ignored: refuse
             dist = sorted(request.from_index)[0]
             path, where = request.index_origin[dist]
             raise FrankError(f"{dist} is not in the stack's Python closure (no part brings "
                              "Python packages)", file=path, field=where)
         return None
+    if base is not None:
+        request.constraints = base_constraints(base, request)
     return request
+
+
+def base_constraints(base: Inventory, request: ClosureRequest) -> list[str]:
+    """``name==version`` of every distribution of the base that no part names (a version
+    that is not PEP 440 cannot be a constraint: that distribution is left free)."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+    from packaging.version import InvalidVersion, Version
+
+    named = {canonicalize_name(Requirement(r).name) for r in
+             (*request.requirements, *request.overrides, *request.no_deps)}
+    named |= {canonicalize_name(n) for n in (*request.excludes, *request.pinned)}
+    out = []
+    for dist in base.dists:
+        try:
+            Version(dist.version)
+            line = str(Requirement(f"{dist.name}=={dist.version}"))
+        except (InvalidVersion, InvalidRequirement):
+            continue
+        if canonicalize_name(dist.name) not in named:
+            out.append(line)
+    return sorted(set(out))
 
 
 _PROJECT = "frank-closure-request"
 
 
-def _project(request: ClosureRequest) -> str:
+def _project(request: ClosureRequest, requirements: list[str], mapped: list[str]) -> str:
     """A pyproject.toml asking for the request's requirements, with its indexes explicit
     and each mapped distribution sourced from its index: how uv takes indexes per package
     (``uv pip compile`` reads ``tool.uv.index`` and ``tool.uv.sources`` from it)."""
     q = json.dumps  # a JSON string is a TOML basic string
     # uv applies a source only to the project's own dependencies (astral-sh/uv#8253): each
     # mapped distribution is one, unversioned; _check_sources refuses one nothing asks for
-    wanted = [*request.requirements, *sorted(request.from_index)]
+    wanted = [*requirements, *mapped]
     lines = ["[project]", f"name = {q(_PROJECT)}", 'version = "0"',
              f"requires-python = {q('>=' + request.python)}",
              "dependencies = [" + ", ".join(q(r) for r in wanted) + "]", ""]
@@ -180,35 +224,66 @@ def _run_uv(cmd: list[str], cwd: str, stack_file: Path, request: ClosureRequest)
 
 
 def resolve(request: ClosureRequest, out: Path, *, stack_file: Path) -> None:
-    """Resolve ``request`` with uv and write the pylock atomically."""
-    with tempfile.TemporaryDirectory(prefix="frank-closure-") as tmp:
-        t = Path(tmp)
-        if request.indexes:
-            source = t / "pyproject.toml"
-            source.write_text(_project(request))
-        else:
-            source = t / "requirements.in"
-            source.write_text("".join(f"{r}\n" for r in request.requirements))
-        (t / "overrides.txt").write_text("".join(f"{r}\n" for r in request.overrides))
-        (t / "excludes.txt").write_text("".join(f"{r}\n" for r in request.excludes))
-        cmd = [_uv(), "pip", "compile", str(source), "--python-version", request.python,
-               "--python-platform", request.platform, "--no-header", "--quiet",
-               "--overrides", str(t / "overrides.txt"), "--excludes", str(t / "excludes.txt"),
-               "--no-config"]
-        for folder in sorted({str(w.path.parent) for w in request.local_wheels}):
-            cmd += ["--find-links", folder]
-        if request.indexes:  # which index each distribution came from, and what asked for it
-            _check_sources(_run_uv([*cmd, "--emit-index-annotation"], tmp, stack_file,
-                                   request), request)
-        _run_uv([*cmd, "--format", "pylock.toml", "-o", str(t / "pylock.toml")], tmp,
-                stack_file, request)
-        text = (t / "pylock.toml").read_text(encoding="utf-8")
-    text = text.replace(str(Path(tmp)), ".")
+    """Resolve ``request`` with uv and write the pylock atomically.
+
+    Requirements a part installs without their dependencies (``no_deps``) are resolved on
+    their own with ``--no-deps`` and left out of the rest of the closure (excluded), so
+    neither they nor their dependencies come in by way of another requirement."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    alone = [str(Requirement(r).name) for r in request.no_deps]
+    text = ""
+    if request.requirements:
+        text = _compile(request, request.requirements, stack_file,
+                        excludes=[*request.excludes, *alone],
+                        mapped=sorted(d for d in request.from_index
+                                      if canonicalize_name(d) not in
+                                      {canonicalize_name(a) for a in alone}))
+    if request.no_deps:
+        more = _compile(request, request.no_deps, stack_file, excludes=request.excludes,
+                        no_deps=True, mapped=[])
+        text = (text.rstrip("\n") + "\n\n" + more[more.index("[[packages]]"):]) \
+            if text and "[[packages]]" in more else (text or more)
     text += f'\n[tool.frank]\nrequest = "{request.digest()}"\n'
     wheels = select_wheels(tomllib.loads(text), request, file=out)
     _check_pins(wheels, request, out)
     _check_indexes(wheels, request)
     write_atomic(out, text)
+
+
+def _compile(request: ClosureRequest, requirements: list[str], stack_file: Path, *,
+             excludes: list[str], mapped: list[str], no_deps: bool = False) -> str:
+    """One ``uv pip compile`` of ``requirements`` into pylock text (paths made relative);
+    with indexes, through a project file that sources each mapped distribution from its
+    index, checked against uv's annotations (``_check_sources``) on the main pass."""
+    with tempfile.TemporaryDirectory(prefix="frank-closure-") as tmp:
+        t = Path(tmp)
+        if request.indexes:
+            source = t / "pyproject.toml"
+            source.write_text(_project(request, requirements, mapped))
+        else:
+            source = t / "requirements.in"
+            source.write_text("".join(f"{r}\n" for r in requirements))
+        (t / "overrides.txt").write_text("".join(f"{r}\n" for r in request.overrides))
+        (t / "excludes.txt").write_text("".join(f"{r}\n" for r in excludes))
+        constraints = []
+        if request.constraints:
+            (t / "constraints.txt").write_text("".join(f"{r}\n" for r in request.constraints))
+            constraints = ["--constraints", str(t / "constraints.txt")]
+        cmd = [_uv(), "pip", "compile", str(source), "--python-version", request.python,
+               "--python-platform", request.platform, "--no-header", "--quiet",
+               "--overrides", str(t / "overrides.txt"), "--excludes", str(t / "excludes.txt"),
+               "--no-config", *constraints, *(["--no-deps"] if no_deps else [])]
+        for folder in sorted({str(w.path.parent) for w in request.local_wheels}):
+            cmd += ["--find-links", folder]
+        if request.indexes and not no_deps:  # which index each came from, what asked for it
+            _check_sources(_run_uv([*cmd, "--emit-index-annotation"], tmp, stack_file,
+                                   request), request)
+        _run_uv([*cmd, "--format", "pylock.toml", "-o", str(t / "pylock.toml")], tmp,
+                stack_file, request)
+        text = (t / "pylock.toml").read_text(encoding="utf-8")
+    return text.replace(str(Path(tmp)), ".")
 
 
 def _not_found(exc: FrankError, request: ClosureRequest, stack_file: Path) -> FrankError:
@@ -264,7 +339,10 @@ def _check_sources(text: str, request: ClosureRequest) -> None:
 
     found = _annotations(text)
     asked = {canonicalize_name(Requirement(r).name) for r in request.requirements}
+    alone = {canonicalize_name(Requirement(r).name) for r in request.no_deps}
     for dist, index in sorted(request.from_index.items()):
+        if canonicalize_name(dist) in alone:  # resolved on its own pass (no_deps)
+            continue
         path, where = request.index_origin[dist]
         via, source = found.get(dist, ([], None))
         others = [v for v in via if not v.startswith(f"{_PROJECT} ")]

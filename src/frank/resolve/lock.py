@@ -66,6 +66,10 @@ class Lock(Strict):
     # package indexes besides PyPI (the stack's [indexes] and [from_index]): name -> its URL
     # and the distributions that come from it; left out of the file and digest when none
     indexes: dict[str, dict[str, Any]] = {}
+    # an official engine image's own Python distributions, read from its layers
+    # (frank.image.inventory): its digest, the inventory's sha256, the site folder and
+    # name -> version; left out of the file when the stack has none
+    base_python: dict[str, Any] | None = None
 
     def part(self, name: str) -> LockedPart | None:
         """The locked part of that name, if present."""
@@ -77,11 +81,13 @@ def lock_path(stack_path: Path) -> Path:
     return stack_path.with_suffix(".lock")
 
 
-def impure_steps(resolved: Resolved, closure: bool = False) -> list[str]:
+def impure_steps(resolved: Resolved, closure: bool = False, base: bool = False) -> list[str]:
     """The parts whose build must run commands inside the image, what each runs and what it
     reaches: exactly the layers the plan runs in a container (``closure``: the lock has a
     Python closure, so a release-wheel engine, its Python-only patches and pinned package
-    wheels are installed on the host instead)."""
+    wheels are installed on the host instead; ``base``: the stack sits on an official engine
+    image whose distributions were read, so its package parts and Python-only patches are
+    installed and applied on the host too)."""
     from frank.model.kinds.engine import EngineBase, PinnedWheel
     from frank.model.kinds.package import Package
     from frank.model.kinds.patch import Patch
@@ -90,8 +96,8 @@ def impure_steps(resolved: Resolved, closure: bool = False) -> list[str]:
     parts = [rp.manifest.part for rp in resolved.parts]
     compiled = [p.name for p in parts if isinstance(p, Patch) and p.touches_compiled]
     engine = next((p for p in parts if isinstance(p, EngineBase)), None)
-    hermetic = engine is not None and engine.image is None and not compiled \
-        and engine.wheel is not None and closure
+    hermetic = (engine is not None and engine.image is None and not compiled
+                and engine.wheel is not None and closure) or base
     out = []
     for part in parts:
         if isinstance(part, EngineBase) and part.image is None:
@@ -104,13 +110,11 @@ def impure_steps(resolved: Resolved, closure: bool = False) -> list[str]:
                 out.append(f"engine:{part.name}: release wheel installed by pip in the image, "
                            "its dependencies from the index (reaches the network)")
         if isinstance(part, Patch) and engine is not None and not hermetic:
-            where = "fetched by URL in the image (reaches the network), " if part.url else ""
+            where = "fetched by URL on the host (into the store, by sha256), " if part.url \
+                else ""
             if not part.touches_compiled:
                 out.append(f"patch:{part.name}: {where}applied with patch to the installed "
-                           "engine in the image")
-            elif part.url:
-                out.append(f"patch:{part.name}: fetched by URL in the image for the source "
-                           "build (reaches the network)")
+                           "engine in the image (off the network)")
         if isinstance(part, Package) and isinstance(part.wheel, PinnedWheel) and not hermetic:
             out.append(f"package:{part.name}: wheel installed by pip --require-hashes in the "
                        "image (reaches the network)")
@@ -217,7 +221,8 @@ def _kept(known: list[dict[str, Any]] | None, name: str, inputs: dict[str, str],
 
 def build_lock(resolved: Resolved, python_closure: dict[str, str] | None = None,
                verified: dict[str, dict[str, str]] | None = None,
-               derived: dict[str, dict[str, Any]] | None = None) -> Lock:
+               derived: dict[str, dict[str, Any]] | None = None,
+               base_python: dict[str, Any] | None = None) -> Lock:
     """The lock of a resolved stack (and of its Python closure, when it has one); a
     derived part's output (``derived``) is part of its key, so of the digest."""
     parts = []
@@ -255,13 +260,16 @@ def build_lock(resolved: Resolved, python_closure: dict[str, str] | None = None,
         doc["indexes"] = indexes
     if python_closure is not None:  # its content, not its file name (like the stack's)
         doc["python_closure"] = {k: v for k, v in python_closure.items() if k != "file"}
-    impure = impure_steps(resolved, closure=python_closure is not None)
+    impure = impure_steps(resolved, closure=python_closure is not None,
+                          base=base_python is not None)
     if impure:
         doc["impure"] = impure
+    if base_python is not None:
+        doc["base_python"] = base_python
     digest = "sha256:" + sha256_json(doc)
     return Lock(lock_version=LOCK_VERSION, stack=resolved.stack.name, digest=digest,
                 parts=parts, python_closure=python_closure, impure=impure, indexes=indexes,
-                **body)
+                base_python=base_python, **body)
 
 
 def render_lock(lock: Lock) -> str:
@@ -269,6 +277,8 @@ def render_lock(lock: Lock) -> str:
     doc = lock.model_dump(mode="json")
     if not doc["indexes"]:
         del doc["indexes"]
+    if doc["base_python"] is None:
+        del doc["base_python"]
     for part in doc["parts"]:
         for empty in ("verified", "derived"):
             if not part[empty]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from frank.errors import FrankError
 from frank.fsutil import find_repo_root
@@ -19,6 +19,9 @@ from frank.resolve.lock import (
     verify_fetched,
 )
 from frank.resolve.resolver import Resolved, resolve
+
+if TYPE_CHECKING:
+    from frank.image.inventory import Inventory
 
 # How lock_stack treats the stack's Python closure (pylock.<stack>.toml):
 #   use      the pylock must be current (offline); a stale one is an error
@@ -137,10 +140,15 @@ def lock_resolved(resolved: Resolved, path: Path, root: Path, closure: ClosureMo
         from frank.resolve.derive import derive_outputs  # only a stack that has one pays
 
         derived = derive_outputs(resolved, previous, siblings, closure)
-    request = pyclosure.request_for(resolved)
+    base = engine_image_inventory(resolved, offline=closure == "check")
+    base_python = None if base is None else {
+        "image": base.image, "inventory": base.sha256, "site": "/" + (base.site() or ""),
+        "dists": base.versions()}
+    request = pyclosure.request_for(resolved, base)
     if request is None:
         return Locked(resolved=resolved, lock=build_lock(resolved, verified=verified,
-                                                         derived=derived),
+                                                         derived=derived,
+                                                         base_python=base_python),
                       lock_file=lock_path(path))
     real = pyclosure.pylock_path(path)
     pylock = closure_out or real
@@ -166,9 +174,37 @@ def lock_resolved(resolved: Resolved, path: Path, root: Path, closure: ClosureMo
     info = {"file": named.relative_to(root).as_posix() if named.is_relative_to(root)
             else str(named), "request": request.digest(),
             "sha256": pyclosure.file_digest(pylock) if pylock.is_file() else "missing"}
-    return Locked(resolved=resolved, lock=build_lock(resolved, info, verified, derived),
+    return Locked(resolved=resolved, lock=build_lock(resolved, info, verified, derived,
+                                                     base_python),
                   lock_file=lock_path(path),
                   closure_file=pylock, closure_stale=stale, closure_resolved=resolved_now)
+
+
+def engine_image_inventory(resolved: Resolved, *, offline: bool = False) -> Inventory | None:
+    """What the official engine image the stack sits on holds, when a package part changes
+    its Python distributions (read from its layers once per digest, frank.image.inventory;
+    ``offline``: `frank lock --check`, which never downloads the image); None for every
+    other stack."""
+    from frank.model.kinds.base import PartContext, PythonNeeds
+    from frank.model.kinds.engine import EngineBase
+
+    engine = next((rp.manifest.part for rp in resolved.parts
+                   if isinstance(rp.manifest.part, EngineBase)), None)
+    if not isinstance(engine, EngineBase) or engine.image is None:
+        return None
+    if all(rp.manifest.part.python_needs(PartContext(root=resolved.root,
+                                                     manifest=rp.manifest.path))
+           == PythonNeeds() for rp in resolved.parts):
+        return None
+    from frank.image.inventory import inventory_for
+
+    definition = resolved.root / "images" / f"{resolved.base_image['name']}.toml"
+    inventory = inventory_for(definition, offline=offline)
+    if inventory.site() is None:
+        raise FrankError(f"the engine image {engine.image} holds no Python distribution in a "
+                         "site-packages folder, so package parts cannot change it",
+                         file=definition, field="ref")
+    return inventory
 
 
 def load_lock_any(arg: str) -> Lock:

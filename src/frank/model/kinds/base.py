@@ -157,6 +157,9 @@ class LayerContribution:
     # its commands reach the network (pip from an index, git clone, apt-get, a URL): a
     # container build of a plan where no such layer runs in the container is cut off from it
     network: bool = False
+    # (url, sha256, dest in image): files frank fetches on the host into the store, checks
+    # by sha256 and places in the layer, so no command in the image fetches them
+    fetched: tuple[tuple[str, str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -169,6 +172,9 @@ class PythonNeeds:
     local_wheels: tuple[tuple[Path, str], ...] = ()  # (wheel file, sha256) found by path
     pinned: tuple[tuple[str, str], ...] = ()  # (distribution, sha256 its wheel must have)
     owns: tuple[str, ...] = ()  # distributions whose wheels go into this part's own layer
+    # PEP 508 lines installed without their dependencies (a part's ``no_deps``): resolved
+    # on their own, and left out of the rest of the closure
+    no_deps: tuple[str, ...] = ()
 
 
 @dataclass

