@@ -190,6 +190,33 @@ def test_an_edited_engine_copy_is_imported_again(smoke: dict[str, Path], edit: s
     assert ok(run()).stderr.count("differs") == 0  # healed: the next run finds it whole
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("podman") is None, reason="podman not installed")
+def test_an_edited_podman_copy_is_imported_again(smoke: dict[str, Path]) -> None:
+    """The same for podman: its container is made first (``podman create``) and its root
+    checked before ``podman start``. (Where podman cannot start a container, as in an
+    unprivileged CI container that refuses its setrlimit, the start fails after the check.)"""
+    def run() -> subprocess.CompletedProcess[str]:
+        return frank("run", "stacks/smoke-cpu.toml", "--engine", "podman", "--hub-cache",
+                     str(smoke["hub"]), "--", "--help", cwd=smoke["repo"], cache=smoke["cache"])
+
+    def stored() -> list[Path]:
+        return [p for p in _stored_launchers(smoke["cache"]) if "/podman" in str(p)]
+
+    first = run()
+    assert "differs" not in first.stderr
+    assert stored()
+    for path in stored():
+        path.write_text(f"print('{TAMPERED}')\n")
+    again = run()
+    assert "/opt/frank/bin/frank-launch has other content); imported it again" in again.stderr
+    assert TAMPERED not in again.stdout + again.stderr
+    assert stored() and all(TAMPERED not in p.read_text() for p in stored())
+    if again.returncode == 0:  # podman can start containers here
+        assert "--fetch-only" in again.stdout
+    assert "differs" not in run().stderr  # healed: the next run finds it whole
+
+
 # --- item 2: a builder stage's kept outputs ---------------------------------------------------
 
 def _stage_layout(tmp_path: Path) -> tuple[Any, Path]:

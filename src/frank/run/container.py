@@ -8,9 +8,10 @@ same lists. Per engine:
   --isolation chroot`` runs the image's entrypoint in it (``podman run`` fails on setrlimit
   in unprivileged CI containers, buildah does not). Chroot isolation shares the host's
   network, so the engine's port is on 127.0.0.1 as it is; ``buildah rm`` removes it.
-- podman: ``podman run --rm oci:LAYOUT``. It publishes the port on 127.0.0.1 (``-p``), or
-  shares the host's network when the lock binds the engine to loopback, which a published
-  port cannot reach. GPUs: ``--device nvidia.com/gpu=all`` (podman, buildah, through CDI).
+- podman: ``podman create oci:LAYOUT``, then ``podman start --attach`` (between the two its
+  root is checked against the layout, as buildah's is). It publishes the port on 127.0.0.1
+  (``-p``), or shares the host's network when the lock binds the engine to loopback, which a
+  published port cannot reach. GPUs: ``--device nvidia.com/gpu=all`` (podman, buildah, CDI).
 - docker: through the ``docker`` SDK, not the CLI (``run.dockerrun``): the layout streamed
   into the daemon, the container made from the id the daemon reports (checked against the
   config digest), the same network rule, ``/dev/shm`` sized, the lock's GPUs as a device
@@ -251,9 +252,10 @@ def plan(image: VerifiedImage, lock: dict[str, Any], engine: Engine, *, w: Weigh
             raise FrankError("the image has no entrypoint or cmd to run", file=layout)
         run = [*base, "run", "--isolation", "chroot", *flags_out, ctr, "--", *argv]
         cleanup = [[*base, "rm", ctr]]
-    else:
-        run = [*base, "run", "--rm", "--pull=always", "--name", ctr,
-               *_network(engine.name, host, port), *flags_out, ref, *tail]
+    else:  # made first, so that its root is checked against the layout before it starts
+        prepare.append([*base, "create", "--pull=always", "--name", ctr,
+                        *_network(engine.name, host, port), *flags_out, ref, *tail])
+        run = [*base, "start", "--attach", ctr]
         cleanup = [[*base, "rm", "-f", ctr]]
     return RunPlan(engine=engine.name, engine_args=base, image=image.digest, layout=layout,
                    stack=str(lock.get("stack", "")), lock_digest=str(lock["digest"]),
