@@ -37,6 +37,7 @@ from frank.image.oci import layout_manifests
 from frank.image.verify import VerifiedImage
 from frank.run import launch
 from frank.run.dockerrun import DEFAULT_SHM, DockerSpec, cli_line
+from frank.store.tmpdirs import owned_name
 
 HUB_IN_CONTAINER = "/frank/hub"
 # A path engines accept as an image name (they name an image pulled from oci:PATH after PATH).
@@ -207,7 +208,7 @@ def plan(image: VerifiedImage, lock: dict[str, Any], engine: Engine, *, w: Weigh
         link: str | None = f"/tmp/frank-oci-{image.digest.split(':')[1][:24]}/image"
     else:  # a view when the path is no image name or the layout lists more (attestations)
         link = None if _TAME.fullmatch(layout) and len(layout_manifests(image.layout)) == 1 \
-            else f"/tmp/frank-oci-{tag}/image"
+            else f"{owned_name('oci')}/image"  # this run's own (``store.tmpdirs``)
     ref = f"oci:{link or layout}"
     flags = lock.get("flags", {})
     host, port = str(flags.get("host") or "0.0.0.0"), int(flags.get("port", 8000))

@@ -33,7 +33,8 @@ from frank.image.oci import image_view
 from frank.run import launch
 from frank.run.container import RUN_CACHE_IN_CONTAINER, RunPlan
 from frank.run.enginecopy import differences, expected_tree, imported_again, refused, tree_of_dir
-from frank.run.reap import claimed, reap
+from frank.run.reap import claimed, leftovers
+from frank.store.tmpdirs import hold, release
 
 STOP_GRACE_S = 20.0
 # What buildah itself says when the container exits non-zero: not the container's words.
@@ -153,6 +154,7 @@ class Runner:
         self.pumps: list[threading.Thread] = []
         self._claim: contextlib.AbstractContextManager[None] | None = None
         self.docker: Any = None  # the SDK's client, for engine docker
+        self._view: int | None = None  # the held folder of the image's view (``link``)
 
     def _signal(self, signum: int, _frame: FrameType | None) -> None:
         if self.proc is None and not self.cleaning:
@@ -216,12 +218,13 @@ class Runner:
         """Prepare the working container and start the image's entrypoint in it."""
         if self.plan.serve:
             _port_free(self.plan.url)
+        storages = [self.plan.engine_args] if self.plan.engine != "docker" else []
+        for what in leftovers(storages):  # what killed runs and builds left
+            print(f"frank: removed {what}", file=sys.stderr, flush=True)
         if self.plan.link:  # per image digest: a second run of the same image may share it
+            self._view = hold(Path(self.plan.link).parent)  # held: not reaped while used
             image_view(Path(self.plan.layout), self.plan.image, Path(self.plan.link))
         if self.plan.engine in ("buildah", "podman"):
-            for name in reap(self.plan.engine_args):  # what runs killed by SIGKILL left
-                print(f"frank: removed {name}, the container of a run that was killed",
-                      file=sys.stderr, flush=True)
             self._claim = claimed(self.plan.engine_args, self.plan.container)
             self._claim.__enter__()
         if self.plan.engine == "docker":
@@ -360,6 +363,9 @@ class Runner:
                            capture_output=True, check=False)
         if self.plan.link and self.plan.engine != "buildah":
             shutil.rmtree(Path(self.plan.link).parent, ignore_errors=True)
+        if self._view is not None:
+            release(self._view)
+            self._view = None
 
 
 def execute(plan: RunPlan, ready_timeout: float) -> int:
