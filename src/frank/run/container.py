@@ -36,7 +36,7 @@ from frank.errors import FrankError
 from frank.image.oci import layout_manifests
 from frank.image.verify import VerifiedImage
 from frank.run import launch
-from frank.run.dockerrun import DEFAULT_SHM, DockerSpec, cli_line
+from frank.run.dockerrun import DEFAULT_SHM, OWNER_LABEL, DockerSpec, cli_line, owner
 from frank.store.tmpdirs import owned_name
 
 HUB_IN_CONTAINER = "/frank/hub"
@@ -241,7 +241,7 @@ def plan(image: VerifiedImage, lock: dict[str, Any], engine: Engine, *, w: Weigh
         net = _network(engine.name, host, port)
         spec = DockerSpec(command=tail, network="publish" if "-p" in net else "host",
                           port=port, shm_size=shm_size, ipc=ipc, gpus=gpus,
-                          labels={"dev.frank.image": image.digest})
+                          labels={"dev.frank.image": image.digest, OWNER_LABEL: owner()})
         mounts = [(str(run_cache), RUN_CACHE_IN_CONTAINER, False),
                   *((m.host, m.container, True) for m in w.mounts)]
         run = cli_line(spec, name=ctr, image=docker_tag(image.digest), env=env, mounts=mounts)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
+import re
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -34,6 +36,7 @@ from frank.run.enginecopy import (
     refused,
     tree_of_tar,
 )
+from frank.store.tmpdirs import alive
 
 if TYPE_CHECKING:
     import docker
@@ -256,6 +259,33 @@ def start(container: Container, outs: tuple[IO[bytes], IO[bytes]],
     return ContainerProcess(container), pump
 
 
+OWNER_LABEL = "dev.frank.run-owner"
+_RUN_NAME = re.compile(r"frank-run-[0-9a-f]{12}")
+
+
+def owner() -> str:
+    """This process as the label a run's container carries: boot id, pid namespace, pid.
+    A daemon may serve other machines and containers: only this boot's and namespace's
+    runs are judged by their pid."""
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    return f"{boot}/{os.readlink('/proc/self/ns/pid')}/{os.getpid()}"
+
+
+def reap(c: docker.DockerClient) -> list[str]:
+    """Remove the daemon's containers of frank's runs (``frank-run-<hex>``, owner label)
+    whose run, on this machine and in this pid namespace, is gone (killed by SIGKILL); a
+    run stopped any other way removes its own. The names removed."""
+    here = owner().rpartition("/")[0]
+    gone = []
+    for ctr in c.containers.list(all=True, filters={"label": OWNER_LABEL}):
+        where, _, pid = str((ctr.labels or {}).get(OWNER_LABEL, "")).rpartition("/")
+        if where == here and pid.isdigit() and _RUN_NAME.fullmatch(str(ctr.name)) \
+                and not alive(int(pid)):
+            remove(c, str(ctr.id))
+            gone.append(str(ctr.name))
+    return gone
+
+
 def remove(c: docker.DockerClient, name: str) -> None:
     """Remove the container (running or not); gone already is fine."""
     from docker.errors import APIError, NotFound
@@ -265,4 +295,5 @@ def remove(c: docker.DockerClient, name: str) -> None:
 
 
 __all__ = ["ContainerProcess", "DockerSpec", "checked_container", "cli_line", "client",
-           "create", "create_kwargs", "load_layout", "remove", "root_tree", "start"]
+           "create", "create_kwargs", "load_layout", "owner", "reap", "remove", "root_tree",
+           "start"]

@@ -251,6 +251,9 @@ class Runner:
 
         assert self.plan.docker is not None and self.plan.run_cache is not None
         self.docker = dockerrun.client()
+        for name in dockerrun.reap(self.docker):  # what runs killed by SIGKILL left
+            print(f"frank: removed {name}, the container of a run that was killed",
+                  file=sys.stderr, flush=True)
         mounts = [(self.plan.run_cache, RUN_CACHE_IN_CONTAINER, False),
                   *((m.host, m.container, True) for m in self.plan.mounts)]
         kwargs = dockerrun.create_kwargs(self.plan.docker, name=self.plan.container,

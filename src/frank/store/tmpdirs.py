@@ -68,7 +68,8 @@ def owned(kind: str) -> Iterator[Path]:
         release(fd)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (in this pid namespace)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -118,7 +119,7 @@ def stale(top: Path = TMP) -> list[Path]:
         owner = _OWNED.fullmatch(path.name)
         if owner is None and not _SHARED.fullmatch(path.name):
             continue
-        if path.is_symlink() or not path.is_dir() or (owner and _alive(int(owner[1]))):
+        if path.is_symlink() or not path.is_dir() or (owner and alive(int(owner[1]))):
             continue
         with _taken(path) as free:
             if free:
