@@ -639,7 +639,7 @@ def test_the_next_run_removes_containers_of_killed_runs(smoke: dict[str, Path]) 
     dead, alive = "frank-run-dead00000044", "frank-run-a11e00000044"
     for name in (dead, alive):
         ok(subprocess.run([*base, "from", "--quiet", "--pull=false", "--name", name,
-                           f"oci:{plan['link']}"], capture_output=True, text=True))
+                           _oci_view(plan, smoke["top"])], capture_output=True, text=True))
     mount = ok(subprocess.run([*base, "mount", dead], capture_output=True,
                               text=True)).stdout.strip()
     assert mount in Path("/proc/mounts").read_text()
@@ -649,7 +649,7 @@ def test_the_next_run_removes_containers_of_killed_runs(smoke: dict[str, Path]) 
         fcntl.flock(held, fcntl.LOCK_EX)  # as a live run holds its own
         done = ok(run())
     assert f"removed {dead}" in done.stderr and alive not in done.stderr
-    assert f"removed {left_dir}, a folder of a frank command that was killed" in done.stderr
+    assert f"removed {left_dir}, a folder in /tmp no frank command holds" in done.stderr
     assert not left_dir.exists()
     left = subprocess.run([*base, "containers", "--all", "--format", "{{.ContainerName}}"],
                           capture_output=True, text=True).stdout.split()
@@ -678,6 +678,14 @@ with claimed(base, name):
     print(json.dumps([str(view), mount]), flush=True)
     time.sleep(600)
 """
+
+
+def _oci_view(plan: dict[str, Any], top: Path) -> str:
+    """The plan's image as an ``oci:`` reference of the test's own (a run removes its view
+    when it ends)."""
+    from frank.image.oci import image_view
+
+    return f"oci:{image_view(Path(plan['layout']), plan['image'], top / 'view' / 'image')}"
 
 
 def _mounts() -> set[str]:
@@ -735,20 +743,24 @@ def test_gc_removes_what_killed_runs_and_builds_left_and_only_that(
     # a build killed in its RUN step, and one still building
     ctx = smoke["top"] / "bud"
     ctx.mkdir(exist_ok=True)
-    (ctx / "Dockerfile").write_text(f"FROM localhost{plan['link']}\nRUN sleep 300\n")
+    (ctx / "Dockerfile").write_text(f"FROM localhost{plan['link']}\nRUN sleep 4413\n")
     killed = _bud(base, ctx)
     _wait_for(lambda: len(_working(base)) == 1)
     [dead_build] = _working(base)
-    time.sleep(2)  # in its RUN step
-    os.killpg(killed.pid, signal.SIGKILL)
+    _wait_for(lambda: any("sleep 4413" in _cmdline(p) for p in _pids()))  # in its RUN step
+    os.kill(killed.pid, signal.SIGKILL)  # buildah alone: its RUN step lives on
     killed.wait()
+    # and a build that ended after its compose was killed: its result stays tagged
+    result = "localhost/frank-build-dead00004413"
+    ok(subprocess.run([*base, "tag", f"localhost{plan['link']}", result],
+                      capture_output=True, text=True))
     # a cache deleted while a container of it was mounted: only the mount points stay
     gone_root = smoke["top"] / "gone-cache" / "containers" / "buildah-overlay"
     gone_runroot = _runroot(gone_root)  # (which marks it as this storage's)
     gone = [base[0], "--root", str(gone_root), "--runroot", str(gone_runroot),
             "--storage-driver", base[base.index("--storage-driver") + 1]]
     ok(subprocess.run([*gone, "from", "--quiet", "--pull=false", "--name", "frank-run-90ne",
-                       f"oci:{plan['link']}"], capture_output=True, text=True))
+                       _oci_view(plan, smoke["top"])], capture_output=True, text=True))
     gone_mount = ok(subprocess.run([*gone, "mount", "frank-run-90ne"], capture_output=True,
                                    text=True)).stdout.strip()
     shutil.rmtree(smoke["top"] / "gone-cache", ignore_errors=True)
@@ -765,7 +777,7 @@ def test_gc_removes_what_killed_runs_and_builds_left_and_only_that(
         os.killpg(live_build.pid, signal.SIGKILL)
         live_build.wait()
     assert "frank-run-dead00004413, the container of a run that was killed" in first
-    assert f"{dead_view}, a folder of a frank command that was killed" in first
+    assert f"{dead_view}, a folder in /tmp no frank command holds" in first
     assert f"{gone_runroot}, the run root of an engine storage that is gone" in first
     assert "frank-run-a11e00004413" not in first and str(alive_view) not in first
     assert "working container" not in first
@@ -780,7 +792,10 @@ def test_gc_removes_what_killed_runs_and_builds_left_and_only_that(
     second = ok(frank("gc", cwd=smoke["repo"], cache=smoke["cache"])).stdout
     assert f"{dead_build}, the working container of a build that was killed" in second
     assert second.count("the working container of a build") == 2
-    assert _working(base) == [] and not any("sleep 300" in _cmdline(p) for p in _pids())
+    assert f"{result}, the result of a build that was killed" in second
+    assert result not in subprocess.run([*base, "images", "--format", "{{.Name}}"],
+                                        capture_output=True, text=True).stdout
+    assert _working(base) == [] and not any("sleep 4413" in _cmdline(p) for p in _pids())
     assert "frank-run-a11e00004413" not in second
     os.killpg(alive.pid, signal.SIGKILL)
     alive.wait()

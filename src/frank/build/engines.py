@@ -173,6 +173,9 @@ def reap_runroots(top: Path = Path("/tmp"), *, dry_run: bool = False) -> list[Pa
 _WORKING = re.compile(r".+-working-container(-\d+)?")
 
 
+_RESULT = re.compile(r"localhost/frank-build-[0-9a-f]{12}")
+
+
 def _build_lock(engine_args: list[str]) -> Path | None:
     if "--runroot" not in engine_args:
         return None
@@ -193,22 +196,30 @@ def _building_here(engine_args: list[str]) -> bool:
 
 
 def _kill_inside(mountpoint: str) -> None:
-    """SIGKILL the processes rooted in ``mountpoint``: a killed build's RUN step lives on
-    in the container's root after its ``buildah bud`` is gone."""
+    """SIGKILL the processes whose root is the container's (``mountpoint``): a killed
+    build's RUN step lives on there after its ``buildah bud`` is gone. Their root is a bind
+    of it (chroot isolation: ``/var/tmp/buildah*/mnt/rootfs``), so it is told by its
+    device and inode, not its path."""
     import signal
 
+    try:
+        st = os.stat(mountpoint) if mountpoint else None
+    except OSError:
+        return
+    if st is None:
+        return
     for p in Path("/proc").iterdir():
         if p.name.isdigit():
             with contextlib.suppress(OSError):
-                where = os.readlink(p / "root")
-                if mountpoint and (where == mountpoint or where.startswith(mountpoint + "/")):
+                root = os.stat(p / "root")
+                if (root.st_dev, root.st_ino) == (st.st_dev, st.st_ino):
                     os.kill(int(p.name), signal.SIGKILL)
 
 
 def reap_builds(engine_args: list[str], *, dry_run: bool = False) -> list[str]:
     """Remove the working containers killed builds left in this storage (mounted, and with
-    their RUN step's processes), when no build holds the storage's build lock and no
-    process is a build on it; the names removed."""
+    their RUN step's processes) and the results they tagged, when no build holds the
+    storage's build lock and no process is a build on it; the names removed."""
     from frank.store.flock import opened, try_exclusive
 
     lock = _build_lock(engine_args)
@@ -224,9 +235,15 @@ def reap_builds(engine_args: list[str], *, dry_run: bool = False) -> list[str]:
                               check=False)
         names = [n for n in proc.stdout.split() if _WORKING.fullmatch(n)] \
             if proc.returncode == 0 else []
+        images = subprocess.run([*engine_args, "images", "--format", "{{.Name}}" if buildah
+                                 else "{{.Repository}}"], capture_output=True, text=True,
+                                check=False)
+        # a build's result, tagged when its compose was killed before taking it out
+        results = sorted({n for n in images.stdout.split() if _RESULT.fullmatch(n)})
         if dry_run:
-            return names
-        gone = []
+            return names + results
+        gone = [n for n in results if subprocess.run(
+            [*engine_args, "rmi", "-f", n], capture_output=True, check=False).returncode == 0]
         for name in names:
             where = subprocess.run([*engine_args, "inspect", "--type", "container", "--format",
                                     "{{.MountPoint}}" if buildah else "{{.Mountpoint}}",
@@ -458,7 +475,7 @@ def build_dockerfile(
     base_ref = load_base(engine, base_layout, base_digest)
     args = {"SOURCE_DATE_EPOCH": str(source_date_epoch), "BASE_IMAGE": base_ref,
             "BASE_DIGEST": base_digest, **(build_args or {})}
-    tag = f"localhost/frank-build-{uuid.uuid4().hex[:12]}"
+    tag = f"localhost/frank-build-{uuid.uuid4().hex[:12]}"  # (``_RESULT``)
     if engine.name == "docker":  # BuildKit takes the epoch from the SOURCE_DATE_EPOCH arg
         cmd = [*engine.base_args(), "build", "--pull=false", "-f", str(dockerfile), "-t", tag]
     else:

@@ -128,11 +128,11 @@ def leftovers(storages: list[list[str]], *, dry_run: bool = False,
     for args in storages:
         said += [f"{n}, the container of a run that was killed"
                  for n in (stale(args) if dry_run else reap(args))]
-        said += [f"{n}, the working container of a build that was killed"
-                 for n in reap_builds(args, dry_run=dry_run)]
+        said += [f"{n}, the {'result' if n.startswith('localhost/') else 'working container'}"
+                 " of a build that was killed" for n in reap_builds(args, dry_run=dry_run)]
         if storage_mounts and not dry_run:
             said += _unmount_idle_storage(args)
-    said += [f"{p}, a folder of a frank command that was killed"
+    said += [f"{p}, a folder in /tmp no frank command holds"
              for p in tmpdirs.reap(dry_run=dry_run)]
     said += [f"{p}, the run root of an engine storage that is gone"
              for p in reap_runroots(dry_run=dry_run)]

@@ -15,7 +15,6 @@ import collections
 import contextlib
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -34,7 +33,7 @@ from frank.run import launch
 from frank.run.container import RUN_CACHE_IN_CONTAINER, RunPlan
 from frank.run.enginecopy import differences, expected_tree, imported_again, refused, tree_of_dir
 from frank.run.reap import claimed, leftovers
-from frank.store.tmpdirs import hold, release
+from frank.store.tmpdirs import drop, hold, release
 
 STOP_GRACE_S = 20.0
 # What buildah itself says when the container exits non-zero: not the container's words.
@@ -221,7 +220,7 @@ class Runner:
         storages = [self.plan.engine_args] if self.plan.engine != "docker" else []
         for what in leftovers(storages):  # what killed runs and builds left
             print(f"frank: removed {what}", file=sys.stderr, flush=True)
-        if self.plan.link:  # per image digest: a second run of the same image may share it
+        if self.plan.link:  # buildah: per image digest, a second run of the image shares it
             self._view = hold(Path(self.plan.link).parent)  # held: not reaped while used
             image_view(Path(self.plan.layout), self.plan.image, Path(self.plan.link))
         if self.plan.engine in ("buildah", "podman"):
@@ -364,11 +363,10 @@ class Runner:
         if self.image_name and self.plan.engine != "buildah":
             subprocess.run([*self.plan.engine_args, "rmi", self.image_name],
                            capture_output=True, check=False)
-        if self.plan.link and self.plan.engine != "buildah":
-            shutil.rmtree(Path(self.plan.link).parent, ignore_errors=True)
-        if self._view is not None:
+        if self._view is not None and self.plan.link:  # the next run makes it again
             release(self._view)
             self._view = None
+            drop(Path(self.plan.link).parent)  # unless another run of the image holds it
 
 
 def execute(plan: RunPlan, ready_timeout: float) -> int:

@@ -127,18 +127,16 @@ def stale(top: Path = TMP) -> list[Path]:
     return found
 
 
+def drop(path: Path) -> bool:
+    """Remove ``path`` (mounts below it first) unless someone holds it; whether it went."""
+    with _taken(path) as free:
+        if free:
+            unmount_under(path)
+            shutil.rmtree(path, ignore_errors=True)
+    return not path.exists()
+
+
 def reap(top: Path = TMP, *, dry_run: bool = False) -> list[Path]:
-    """Remove the ``stale`` folders, mounts below them first (each taken again, and held
-    while it goes); the ones removed."""
-    gone = []
-    for path in stale(top):
-        if dry_run:
-            gone.append(path)
-            continue
-        with _taken(path) as free:
-            if free:  # else taken meanwhile: in use
-                unmount_under(path)
-                shutil.rmtree(path, ignore_errors=True)
-                if not path.exists():
-                    gone.append(path)
-    return gone
+    """Remove the ``stale`` folders (each taken again, and held while it goes); the ones
+    removed."""
+    return [path for path in stale(top) if dry_run or drop(path)]
