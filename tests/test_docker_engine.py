@@ -38,6 +38,7 @@ from tests.vllm_server import free_port
 pytestmark = [pytest.mark.slow]
 
 STACK = "stacks/docker-cpu.toml"
+TAMPERED = "TAMPERED"
 
 
 @pytest.fixture(scope="session")
@@ -126,6 +127,52 @@ def test_the_locks_gpus_become_a_device_request(client: Any, tmp_path: Path) -> 
     no_gpu = create_kwargs(DockerSpec(command=[], network="host", port=1), name="x", env={},
                            mounts=[])
     assert "device_requests" not in no_gpu
+
+
+def test_the_daemons_copy_is_checked_and_killed_runs_containers_go(
+        client: Any, docker_host: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """(Issue 44 items 1 and 13, one test: the daemon is shared.) The daemon reuses an image
+    it holds by id without reading its layers again: a file edited in its storage is found
+    in the container's root before it starts, and the image loaded again from the layout;
+    the daemon's own files and the mount points are no difference. And a run's container
+    whose run was killed (its owner label names a pid gone, on this machine) is removed;
+    one of a live run, or of another machine, stays."""
+    from frank.run.dockerrun import DockerSpec, checked_container, create_kwargs, remove, root_tree
+    from frank.run.enginecopy import expected_tree
+
+    layout = tiny_layout(tmp_path / "edited")
+    digest = resolve_manifest(layout)[0]
+    kw = create_kwargs(DockerSpec(command=["/hello.txt"], network="none", port=1),
+                       name="frank-test-edited", env={}, mounts=[(str(tmp_path), "/data", True)])
+    checked_container(client, layout, digest, "frank-test:edited", kw).remove(force=True)
+    assert "imported it again" not in capfd.readouterr().err  # untouched: nothing differs
+    root = Path(docker_host.removeprefix("unix://")).parent / "root"
+    [stored] = [p for p in root.glob("overlay2/*/diff/hello.txt")]
+    stored.write_text(TAMPERED)
+    ctr = checked_container(client, layout, digest, "frank-test:edited", kw)
+    try:
+        assert "/hello.txt has other content); imported it again" in capfd.readouterr().err
+        assert root_tree(client, ctr)["/hello.txt"] == expected_tree(layout, digest)["/hello.txt"]
+        assert [p.read_text()[:6] for p in root.glob("overlay2/*/diff/hello.txt")] == ["hello\n"]
+    finally:
+        ctr.remove(force=True)
+    from frank.run.dockerrun import OWNER_LABEL, owner, reap
+
+    gone_pid = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True).stdout.strip()
+    here = owner().rpartition("/")[0]
+    owners = {"frank-run-dead0000d0c4": f"{here}/{gone_pid}", "frank-run-a11e0000d0c4": owner(),
+              "frank-run-e15e0000d0c4": f"another-boot/pid:[1]/{gone_pid}"}
+    for name, who in owners.items():
+        client.containers.create("frank-test:edited", ["/hello.txt"], name=name,
+                                 labels={OWNER_LABEL: who})
+    try:
+        assert reap(client) == ["frank-run-dead0000d0c4"]
+        assert {c.name for c in client.containers.list(all=True)} >= \
+            {"frank-run-a11e0000d0c4", "frank-run-e15e0000d0c4"}
+    finally:
+        for name in owners:
+            remove(client, name)
 
 
 # ----------------------------------------------------------------------------------------------

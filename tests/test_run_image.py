@@ -184,18 +184,18 @@ def test_print_podman(built: dict[str, Path]) -> None:
     published on 127.0.0.1 and the GPUs passed through. (Untested here: no GPU.)"""
     loop = json.loads(frank("run", "stacks/smoke-cpu.toml", "--print", "--json", "--engine",
                             "podman", "--hub-cache", str(built["hub"]), cwd=built["repo"]).stdout)
-    run = loop["run"]
-    assert run[len(loop["engine_args"]):][:2] == ["run", "--rm"]
-    assert run[run.index("--network") + 1] == "host" and "-p" not in run
-    assert run[-2:] == ["--cache-dir", "/frank/hub"]  # the image's entrypoint, these args
+    [create] = loop["prepare"]  # made first: its root is checked before it starts
+    assert create[len(loop["engine_args"]):][:2] == ["create", "--pull=always"]
+    assert create[create.index("--network") + 1] == "host" and "-p" not in create
+    assert create[-2:] == ["--cache-dir", "/frank/hub"]  # the image's entrypoint, these args
+    assert loop["run"] == [*loop["engine_args"], "start", "--attach", loop["container"]]
     assert loop["cleanup"] == [[*loop["engine_args"], "rm", "-f", loop["container"]]]
     gpu = json.loads(frank("run", "stacks/gpu.toml", "--print", "--json", "--engine", "podman",
                            "--hub-cache", str(built["hub"]), cwd=built["repo"]).stdout)
-    run = gpu["run"]
+    [run] = gpu["prepare"]
     assert run[run.index("-p") + 1] == "127.0.0.1:8000:8000" and "--network" not in run
     assert run[run.index("--device") + 1] == "nvidia.com/gpu=all"
     assert f"oci:{built['gpu']}" in run and "--pull=always" in run
-    assert gpu["prepare"] == []
 
 
 def test_print_docker(built: dict[str, Path]) -> None:

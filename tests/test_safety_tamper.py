@@ -13,11 +13,13 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tarfile
 import zlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -142,14 +144,18 @@ def test_the_engines_tree_is_compared_with_the_layers(mini: Any, tmp_path: Path,
 
 
 @pytest.fixture(scope="module")
-def smoke(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A repo copy with smoke-cpu composed (embedded builder), on a cache of this module."""
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
+    """A repo copy with smoke-cpu composed (embedded builder), on a cache of this module;
+    what engines left mounted in it is unmounted after (pytest could not delete it)."""
+    from frank.store.tmpdirs import unmount_under
+
     top = tmp_path_factory.mktemp("tamper")
     repo = copy_repo(top / "repo")
     cache = top / "cache"
     ok(frank("compose", "stacks/smoke-cpu.toml", cwd=repo, cache=cache))
     (top / "hub").mkdir()
-    return {"repo": repo, "cache": cache, "hub": top / "hub"}
+    yield {"repo": repo, "cache": cache, "hub": top / "hub", "top": top}
+    unmount_under(top)
 
 
 def _stored_launchers(cache: Path) -> list[Path]:
@@ -188,6 +194,33 @@ def test_an_edited_engine_copy_is_imported_again(smoke: dict[str, Path], edit: s
     assert "differs from the layout" in again.stderr and "imported it again" in again.stderr
     assert "/opt/frank/bin/" in again.stderr
     assert ok(run()).stderr.count("differs") == 0  # healed: the next run finds it whole
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("podman") is None, reason="podman not installed")
+def test_an_edited_podman_copy_is_imported_again(smoke: dict[str, Path]) -> None:
+    """The same for podman: its container is made first (``podman create``) and its root
+    checked before ``podman start``. (Where podman cannot start a container, as in an
+    unprivileged CI container that refuses its setrlimit, the start fails after the check.)"""
+    def run() -> subprocess.CompletedProcess[str]:
+        return frank("run", "stacks/smoke-cpu.toml", "--engine", "podman", "--hub-cache",
+                     str(smoke["hub"]), "--", "--help", cwd=smoke["repo"], cache=smoke["cache"])
+
+    def stored() -> list[Path]:
+        return [p for p in _stored_launchers(smoke["cache"]) if "/podman" in str(p)]
+
+    first = run()
+    assert "differs" not in first.stderr
+    assert stored()
+    for path in stored():
+        path.write_text(f"print('{TAMPERED}')\n")
+    again = run()
+    assert "/opt/frank/bin/frank-launch has other content); imported it again" in again.stderr
+    assert TAMPERED not in again.stdout + again.stderr
+    assert stored() and all(TAMPERED not in p.read_text() for p in stored())
+    if again.returncode == 0:  # podman can start containers here
+        assert "--fetch-only" in again.stdout
+    assert "differs" not in run().stderr  # healed: the next run finds it whole
 
 
 # --- item 2: a builder stage's kept outputs ---------------------------------------------------
@@ -540,6 +573,50 @@ def test_verify_of_a_layout_with_an_edited_layer_fails_with_exit_1(smoke: dict[s
 
 # --- item 13: what a run killed by SIGKILL leaves ---------------------------------------------
 
+# A process that makes its own folder in /tmp and dies without removing it.
+_HOLD_AND_EXIT = ("import os; from frank.store.tmpdirs import hold, owned_name; "
+                  "p = owned_name('oci'); hold(p); print(p, flush=True); os._exit(0)")
+_HOLD_AND_WAIT = ("import sys, time; from pathlib import Path; "
+                  "from frank.store.tmpdirs import hold; hold(Path(sys.argv[1])); "
+                  "print('held', flush=True); time.sleep(600)")
+
+
+def test_folders_in_tmp_are_removed_only_when_nobody_holds_them(tmp_path: Path) -> None:
+    """A folder of frank's naming is stale when its owner process is gone and nobody holds
+    it; a shared one (a run's view per image digest) when nobody holds it. Others' folders
+    and ones held by a live process stay."""
+    from frank.store import tmpdirs
+
+    def holder(path: Path) -> subprocess.Popen[str]:
+        proc = subprocess.Popen([sys.executable, "-c", _HOLD_AND_WAIT, str(path)],
+                                stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None and proc.stdout.readline() == "held\n"
+        return proc
+
+    gone_pid = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True).stdout.strip()
+    dead = tmp_path / f"frank-oci-p{gone_pid}-{'a' * 12}"
+    live_owner = tmp_path / f"frank-oci-p{os.getpid()}-{'b' * 12}"  # ours: alive, unheld
+    shared_free = tmp_path / f"frank-oci-{'c' * 24}"
+    shared_held = tmp_path / f"frank-oci-{'d' * 24}"
+    held_by_other = tmp_path / f"frank-secrets-p{gone_pid}-{'e' * 12}"  # a pid reused: held
+    others = [tmp_path / "frank-kernel-build", tmp_path / "frank-oci-zz", tmp_path / "mine"]
+    for d in (dead, live_owner, shared_free, shared_held, held_by_other, *others):
+        d.mkdir()
+        (d / "file").write_text("x")
+    holders = [holder(shared_held), holder(held_by_other)]
+    try:
+        assert tmpdirs.stale(tmp_path) == [shared_free, dead]
+        assert tmpdirs.reap(tmp_path) == [shared_free, dead]
+    finally:
+        for h in holders:
+            h.kill()
+            h.wait()
+    assert not dead.exists() and not shared_free.exists()
+    assert all(d.exists() for d in (live_owner, shared_held, held_by_other, *others))
+    assert sorted(tmpdirs.reap(tmp_path)) == sorted([shared_held, held_by_other])
+
+
 @pytest.mark.slow
 @needs_buildah
 def test_the_next_run_removes_containers_of_killed_runs(smoke: dict[str, Path]) -> None:
@@ -556,10 +633,13 @@ def test_the_next_run_removes_containers_of_killed_runs(smoke: dict[str, Path]) 
     ok(run())  # the image is in buildah's storage, its view in /tmp
     plan = json.loads(ok(run("--print", "--json")).stdout)
     base = plan["engine_args"]
+    left_dir = Path(ok(subprocess.run([sys.executable, "-c", _HOLD_AND_EXIT],
+                                      capture_output=True, text=True)).stdout.strip())
+    assert left_dir.is_dir()  # a folder of a command that died (SIGKILL runs no cleanup)
     dead, alive = "frank-run-dead00000044", "frank-run-a11e00000044"
     for name in (dead, alive):
         ok(subprocess.run([*base, "from", "--quiet", "--pull=false", "--name", name,
-                           f"oci:{plan['link']}"], capture_output=True, text=True))
+                           _oci_view(plan, smoke["top"])], capture_output=True, text=True))
     mount = ok(subprocess.run([*base, "mount", dead], capture_output=True,
                               text=True)).stdout.strip()
     assert mount in Path("/proc/mounts").read_text()
@@ -569,8 +649,176 @@ def test_the_next_run_removes_containers_of_killed_runs(smoke: dict[str, Path]) 
         fcntl.flock(held, fcntl.LOCK_EX)  # as a live run holds its own
         done = ok(run())
     assert f"removed {dead}" in done.stderr and alive not in done.stderr
+    assert f"removed {left_dir}, a folder in /tmp no frank command holds" in done.stderr
+    assert not left_dir.exists()
     left = subprocess.run([*base, "containers", "--all", "--format", "{{.ContainerName}}"],
                           capture_output=True, text=True).stdout.split()
     assert dead not in left and alive in left
     assert mount not in Path("/proc/mounts").read_text()
     subprocess.run([*base, "rm", alive], capture_output=True)
+
+
+# A run at the moment it holds everything (its run lock, its own view folder in /tmp, its
+# container mounted), as ``frank run`` holds them, in a process the test can SIGKILL.
+_HOLDER = """
+import json, subprocess, sys, time
+from pathlib import Path
+from frank.image.oci import image_view
+from frank.run.reap import claimed
+from frank.store.tmpdirs import hold, owned_name
+base, name, layout, digest = json.loads(sys.argv[1])
+view = owned_name("oci")
+hold(view)
+image_view(Path(layout), digest, view / "image")
+with claimed(base, name):
+    subprocess.run([*base, "from", "--quiet", "--pull=false", "--name", name,
+                    f"oci:{view}/image"], check=True, capture_output=True)
+    mount = subprocess.run([*base, "mount", name], check=True, capture_output=True,
+                           text=True).stdout.strip()
+    print(json.dumps([str(view), mount]), flush=True)
+    time.sleep(600)
+"""
+
+
+def _oci_view(plan: dict[str, Any], top: Path) -> str:
+    """The plan's image as an ``oci:`` reference of the test's own (a run removes its view
+    when it ends)."""
+    from frank.image.oci import image_view
+
+    return f"oci:{image_view(Path(plan['layout']), plan['image'], top / 'view' / 'image')}"
+
+
+def _mounts() -> set[str]:
+    return {line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()}
+
+
+def _holder(plan: dict[str, Any], name: str) -> tuple[subprocess.Popen[str], Path, str]:
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, json.dumps(
+        [plan["engine_args"], name, plan["layout"], plan["image"]])], stdout=subprocess.PIPE,
+        text=True, start_new_session=True)
+    assert proc.stdout is not None
+    view, mount = json.loads(proc.stdout.readline())
+    return proc, Path(view), mount
+
+
+def _bud(base: list[str], context: Path) -> subprocess.Popen[bytes]:
+    """A build whose RUN step sleeps, in the storage's own terms (what compose runs)."""
+    with (context.parent / "bud.log").open("ab") as log:
+        return subprocess.Popen([*base, "bud", "--isolation", "chroot", "--pull=false",
+                                 context], stdout=log, stderr=log, start_new_session=True)
+
+
+def _working(base: list[str]) -> list[str]:
+    out = subprocess.run([*base, "containers", "--all", "--format", "{{.ContainerName}}"],
+                         capture_output=True, text=True).stdout.split()
+    return [n for n in out if re.fullmatch(r".+-working-container(-\d+)?", n)]
+
+
+@pytest.mark.slow
+@needs_buildah
+def test_gc_removes_what_killed_runs_and_builds_left_and_only_that(
+        smoke: dict[str, Path]) -> None:
+    """Runs and a build killed with SIGKILL, beside a run and a build still alive: `frank gc`
+    removes the dead run's container (unmounted), its folder in /tmp, the dead build's
+    working container (its RUN step's process killed, its mount gone) and the run root of
+    a cache deleted while a container was mounted in it (what was left of that cache with
+    it), and touches nothing the live ones hold."""
+    import signal
+    import time
+
+    from frank.build.engines import _runroot
+
+    def run(*extra: str) -> subprocess.CompletedProcess[str]:
+        return frank("run", "stacks/smoke-cpu.toml", "--engine", "buildah", "--hub-cache",
+                     str(smoke["hub"]), *extra, "--", "--help", cwd=smoke["repo"],
+                     cache=smoke["cache"])
+
+    ok(run())  # the image is in buildah's storage
+    plan = json.loads(ok(run("--print", "--json")).stdout)
+    base = plan["engine_args"]
+    dead, dead_view, dead_mount = _holder(plan, "frank-run-dead00004413")
+    alive, alive_view, alive_mount = _holder(plan, "frank-run-a11e00004413")
+    os.killpg(dead.pid, signal.SIGKILL)
+    dead.wait()
+    # a build killed in its RUN step, and one still building
+    ctx = smoke["top"] / "bud"
+    ctx.mkdir(exist_ok=True)
+    (ctx / "Dockerfile").write_text(f"FROM localhost{plan['link']}\nRUN sleep 4413\n")
+    killed = _bud(base, ctx)
+    _wait_for(lambda: len(_working(base)) == 1)
+    [dead_build] = _working(base)
+    _wait_for(lambda: any("sleep 4413" in _cmdline(p) for p in _pids()))  # in its RUN step
+    os.kill(killed.pid, signal.SIGKILL)  # buildah alone: its RUN step lives on
+    killed.wait()
+    # and a build that ended after its compose was killed: its result stays tagged
+    result = "localhost/frank-build-dead00004413"
+    ok(subprocess.run([*base, "tag", f"localhost{plan['link']}", result],
+                      capture_output=True, text=True))
+    # a cache deleted while a container of it was mounted: only the mount points stay
+    gone_root = smoke["top"] / "gone-cache" / "containers" / "buildah-overlay"
+    gone_runroot = _runroot(gone_root)  # (which marks it as this storage's)
+    gone = [base[0], "--root", str(gone_root), "--runroot", str(gone_runroot),
+            "--storage-driver", base[base.index("--storage-driver") + 1]]
+    ok(subprocess.run([*gone, "from", "--quiet", "--pull=false", "--name", "frank-run-90ne",
+                       _oci_view(plan, smoke["top"])], capture_output=True, text=True))
+    gone_mount = ok(subprocess.run([*gone, "mount", "frank-run-90ne"], capture_output=True,
+                                   text=True)).stdout.strip()
+    shutil.rmtree(smoke["top"] / "gone-cache", ignore_errors=True)
+    assert gone_mount in _mounts() and gone_root.exists()  # "Device or resource busy"
+    mark = gone_runroot / "frank-storage"
+    os.utime(mark, (time.time() - 3600, time.time() - 3600))  # deleted an hour ago
+
+    live_build = _bud(base, ctx)
+    try:
+        _wait_for(lambda: len(_working(base)) == 2)
+        first = ok(frank("gc", cwd=smoke["repo"], cache=smoke["cache"])).stdout
+        assert len(_working(base)) == 2  # a build is alive on this storage: none is judged
+    finally:
+        os.killpg(live_build.pid, signal.SIGKILL)
+        live_build.wait()
+    assert "frank-run-dead00004413, the container of a run that was killed" in first
+    assert f"{dead_view}, a folder in /tmp no frank command holds" in first
+    assert f"{gone_runroot}, the run root of an engine storage that is gone" in first
+    assert "frank-run-a11e00004413" not in first and str(alive_view) not in first
+    assert "working container" not in first
+    mounts = _mounts()
+    assert dead_mount not in mounts and gone_mount not in mounts and alive_mount in mounts
+    assert not dead_view.exists() and alive_view.exists()
+    assert not gone_runroot.exists() and not (smoke["top"] / "gone-cache").exists()
+    left = subprocess.run([*base, "containers", "--all", "--format", "{{.ContainerName}}"],
+                          capture_output=True, text=True).stdout.split()
+    assert "frank-run-dead00004413" not in left and "frank-run-a11e00004413" in left
+    # both builds killed now: the next command removes their working containers
+    second = ok(frank("gc", cwd=smoke["repo"], cache=smoke["cache"])).stdout
+    assert f"{dead_build}, the working container of a build that was killed" in second
+    assert second.count("the working container of a build") == 2
+    assert f"{result}, the result of a build that was killed" in second
+    assert result not in subprocess.run([*base, "images", "--format", "{{.Name}}"],
+                                        capture_output=True, text=True).stdout
+    assert _working(base) == [] and not any("sleep 4413" in _cmdline(p) for p in _pids())
+    assert "frank-run-a11e00004413" not in second
+    os.killpg(alive.pid, signal.SIGKILL)
+    alive.wait()
+    third = ok(frank("gc", cwd=smoke["repo"], cache=smoke["cache"])).stdout
+    assert "frank-run-a11e00004413, the container of a run that was killed" in third
+    assert alive_mount not in _mounts() and not alive_view.exists()
+
+
+def _wait_for(done: Callable[[], bool], timeout: float = 120) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.5)
+
+
+def _pids() -> list[int]:
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""

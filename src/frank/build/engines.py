@@ -48,6 +48,7 @@ from frank.image.oci import (
 )
 from frank.image.remote import skopeo
 from frank.store.blobs import BlobStore, check_digest
+from frank.store.tmpdirs import owned
 
 EngineName = Literal["buildah", "podman", "docker"]
 ENGINE_ORDER: tuple[EngineName, ...] = ("buildah", "podman", "docker")
@@ -111,9 +112,173 @@ def _docker_answers() -> bool:
 
 def _runroot(root: Path) -> Path:
     """A short runroot per storage root: podman refuses runroots over 50 characters, and
-    runroot only holds locks and mount state, which belong in tmpfs-like places anyway."""
+    runroot only holds locks and mount state, which belong in tmpfs-like places anyway.
+    It names its storage root (``frank-storage``) so that ``reap_runroots`` can tell one
+    whose storage is gone."""
     tag = hashlib.sha256(str(root.absolute()).encode()).hexdigest()[:12]
-    return Path("/tmp") / f"frank-run-{tag}"
+    runroot = Path("/tmp") / f"frank-run-{tag}"
+    mark = runroot / _STORAGE_MARK
+    with contextlib.suppress(OSError):
+        if not mark.exists():
+            runroot.mkdir(mode=0o700, exist_ok=True)
+            tmp = runroot / f".{_STORAGE_MARK}.{os.getpid()}"
+            tmp.write_text(str(root.absolute()))
+            os.replace(tmp, mark)
+    return runroot
+
+
+_STORAGE_MARK = "frank-storage"
+_RUNROOT = re.compile(r"frank-run-([0-9a-f]{12})")
+ABANDONED_AFTER_S = 600  # a storage root without its layer records for this long is gone
+
+
+def _abandoned(root: Path, mark: Path) -> bool:
+    """Whether the engine storage at ``root`` is gone: deleted, or deleted but for what
+    stayed mounted (no layer records left) for ``ABANDONED_AFTER_S``."""
+    import time
+
+    if not root.exists():
+        return True
+    if any(root.glob("*-layers")):
+        return False
+    with contextlib.suppress(OSError):
+        return time.time() - mark.stat().st_mtime > ABANDONED_AFTER_S
+    return False
+
+
+def reap_runroots(top: Path = Path("/tmp"), *, dry_run: bool = False) -> list[Path]:
+    """Remove the run roots (``_runroot``) whose storage is gone, with what is still
+    mounted in them or in what is left of the storage (a cache deleted while a container
+    was mounted cannot be: "Device or resource busy"); the run roots removed."""
+    from frank.store.tmpdirs import unmount_under
+
+    gone = []
+    for runroot in sorted(top.glob("frank-run-*")):
+        tag = _RUNROOT.fullmatch(runroot.name)
+        mark = runroot / _STORAGE_MARK
+        try:
+            root = Path(mark.read_text())
+        except (OSError, ValueError):
+            continue  # not one frank marked: not ours to judge
+        if tag is None or hashlib.sha256(str(root).encode()).hexdigest()[:12] != tag[1] \
+                or not _abandoned(root, mark):
+            continue
+        gone.append(runroot)
+        if dry_run:
+            continue
+        for top_dir in (root, runroot):
+            unmount_under(top_dir)
+        shutil.rmtree(runroot, ignore_errors=True)
+        if root.is_dir() and not any(p.is_file() or p.is_symlink() for p in root.rglob("*")):
+            shutil.rmtree(root, ignore_errors=True)  # only the emptied mount points were left
+            for up in (root.parent, root.parent.parent):  # <cache>/containers, the cache
+                with contextlib.suppress(OSError):
+                    up.rmdir()  # when empty: what the deletion that failed meant to remove
+    return gone
+
+
+# buildah names the containers it makes for a build after their image: ``<image>-working-
+# container`` (``-N`` when taken).
+_WORKING = re.compile(r".+-working-container(-\d+)?")
+
+
+_RESULT = re.compile(r"localhost/frank-build-[0-9a-f]{12}")
+
+
+def _build_lock(engine_args: list[str]) -> Path | None:
+    if "--runroot" not in engine_args:
+        return None
+    return Path(engine_args[engine_args.index("--runroot") + 1]) / "frank-builds.lock"
+
+
+def _building_here(engine_args: list[str]) -> bool:
+    """Whether a live process is an engine build on this storage (one frank started
+    before it took the build lock, or by hand)."""
+    root = engine_args[engine_args.index("--root") + 1].encode()
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit() and int(p.name) != os.getpid():
+            with contextlib.suppress(OSError):
+                argv = (p / "cmdline").read_bytes().split(b"\0")
+                if root in argv and (b"bud" in argv or b"build" in argv):
+                    return True
+    return False
+
+
+def _kill_inside(mountpoint: str) -> None:
+    """SIGKILL the processes whose root is the container's (``mountpoint``): a killed
+    build's RUN step lives on there after its ``buildah bud`` is gone. Their root is a bind
+    of it (chroot isolation: ``/var/tmp/buildah*/mnt/rootfs``), so it is told by its
+    device and inode, not its path."""
+    import signal
+
+    try:
+        st = os.stat(mountpoint) if mountpoint else None
+    except OSError:
+        return
+    if st is None:
+        return
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            with contextlib.suppress(OSError):
+                root = os.stat(p / "root")
+                if (root.st_dev, root.st_ino) == (st.st_dev, st.st_ino):
+                    os.kill(int(p.name), signal.SIGKILL)
+
+
+def reap_builds(engine_args: list[str], *, dry_run: bool = False) -> list[str]:
+    """Remove the working containers killed builds left in this storage (mounted, and with
+    their RUN step's processes) and the results they tagged, when no build holds the
+    storage's build lock and no process is a build on it; the names removed."""
+    from frank.store.flock import opened, try_exclusive
+
+    lock = _build_lock(engine_args)
+    if lock is None or not Path(engine_args[engine_args.index("--root") + 1]).is_dir():
+        return []
+    buildah = Path(engine_args[0]).name == "buildah"
+    with opened(lock) as fd:
+        if not try_exclusive(fd) or _building_here(engine_args):
+            return []
+        listing = ["containers", "--all", "--format", "{{.ContainerName}}"] if buildah \
+            else ["ps", "--all", "--external", "--format", "{{.Names}}"]
+        proc = subprocess.run([*engine_args, *listing], capture_output=True, text=True,
+                              check=False)
+        names = [n for n in proc.stdout.split() if _WORKING.fullmatch(n)] \
+            if proc.returncode == 0 else []
+        images = subprocess.run([*engine_args, "images", "--format", "{{.Name}}" if buildah
+                                 else "{{.Repository}}"], capture_output=True, text=True,
+                                check=False)
+        # a build's result, tagged when its compose was killed before taking it out
+        results = sorted({n for n in images.stdout.split() if _RESULT.fullmatch(n)})
+        if dry_run:
+            return names + results
+        gone = [n for n in results if subprocess.run(
+            [*engine_args, "rmi", "-f", n], capture_output=True, check=False).returncode == 0]
+        for name in names:
+            where = subprocess.run([*engine_args, "inspect", "--type", "container", "--format",
+                                    "{{.MountPoint}}" if buildah else "{{.Mountpoint}}",
+                                    name], capture_output=True, text=True, check=False)
+            _kill_inside(where.stdout.strip())
+            rm = [*engine_args, "rm", name] if buildah else [*engine_args, "rm", "-f", name]
+            if subprocess.run(rm, capture_output=True, check=False).returncode == 0:
+                gone.append(name)
+        return gone
+
+
+@contextlib.contextmanager
+def building(engine: Engine) -> Iterator[None]:
+    """For one build: what killed builds left removed first, then the storage's build lock
+    held shared for the block (it tells ``reap_builds`` that this build is alive)."""
+    from frank.store.flock import held
+
+    lock = _build_lock(engine.base_args())
+    if lock is None:
+        yield
+        return
+    for name in reap_builds(engine.base_args()):
+        print(f"frank: removed {name}, the working container of a build that was killed",
+              file=sys.stderr, flush=True)
+    with held(lock, shared=True):
+        yield
 
 
 def detect(store: BlobStore | None = None) -> list[Engine]:
@@ -235,13 +400,9 @@ def _oci_ref(layout: Path, digest: str | None = None) -> Iterator[str]:
     one manifest (attestations sit beside the image): the view avoids all three.
     """
     # /tmp itself: compose points TMPDIR beside its output, a path engines may not take
-    d = Path("/tmp") / f"frank-oci-{uuid.uuid4().hex}"
-    d.mkdir()
-    try:
+    with owned("oci") as d:
         digest = digest or layout_manifests(layout)[0]["digest"]
         yield f"oci:{image_view(Path(layout), str(digest), d / 'image')}"
-    finally:
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def _needs_buildkit(engine: Engine) -> None:
@@ -380,7 +541,7 @@ def build_dockerfile(
                    f"time {newest}, no earlier than SOURCE_DATE_EPOCH {source_date_epoch})\n")
     args = {"SOURCE_DATE_EPOCH": str(stamp), "BASE_IMAGE": base_ref,
             "BASE_DIGEST": base_digest, **(build_args or {})}
-    tag = f"localhost/frank-build-{uuid.uuid4().hex[:12]}"
+    tag = f"localhost/frank-build-{uuid.uuid4().hex[:12]}"  # (``_RESULT``)
     if engine.name == "docker":  # BuildKit takes the epoch from the SOURCE_DATE_EPOCH arg
         cmd = [*engine.base_args(), "build", "--pull=false", "-f", str(dockerfile), "-t", tag]
     else:
@@ -400,8 +561,8 @@ def build_dockerfile(
             with log.open("a", encoding="utf-8") as note:
                 note.write("frank: the network stays on for this build: this user may not "
                            "make a network namespace (unshare --net)\n")
-    with tempfile.TemporaryDirectory(prefix="frank-secrets-") as secrets:
-        for ident, path in build_secrets(Path(secrets)).items():
+    with owned("secrets") as secrets, building(engine):
+        for ident, path in build_secrets(secrets).items():
             cmd += ["--secret", f"id={ident},src={path}"]
         run_logged([*prefix, *cmd, str(context)], f"{engine.name} build of {context}",
                    log=log, timeout=timeout)

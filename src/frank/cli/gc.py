@@ -22,7 +22,8 @@ def gc(keep_days: float, wait: float, dry_run: bool, as_json: bool) -> None:
     Kept: what this repo's locks (and pylocks, .debs locks), its out/ images and its recorded
     pushes reference, the bases its image files make, and anything changed within
     --keep-days. Runs with the cache to itself (other frank commands wait, or it waits for
-    them), and says how much it freed.
+    them), and says how much it freed. Also removes what killed runs and builds left:
+    their containers (mounts included), frank's folders in /tmp, run roots of deleted caches.
     """
     from frank.fsutil import find_repo_root
     from frank.ship.gc import collect
@@ -32,10 +33,10 @@ def gc(keep_days: float, wait: float, dry_run: bool, as_json: bool) -> None:
                    dry_run=dry_run, wait=wait)
     if as_json:
         emit_json({"freed": done.freed, "removed": done.removed, "kept_blobs": done.kept_blobs,
-                   "containers_removed": done.reaped, "dry_run": dry_run})
+                   "leftovers_removed": done.reaped, "dry_run": dry_run})
         return
     verb = "would free" if dry_run else "freed"
     what = ", ".join(f"{n} {k}" for k, n in sorted(done.removed.items())) or "nothing"
     click.echo(f"{verb} {done.freed / 1e6:.1f} MB ({what}); {done.kept_blobs} blobs kept")
-    for name in done.reaped:
-        click.echo(f"removed {name}, the container of a run that was killed")
+    for what in done.reaped:
+        click.echo(f"{'would remove' if dry_run else 'removed'} {what}")

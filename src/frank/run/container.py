@@ -8,9 +8,10 @@ same lists. Per engine:
   --isolation chroot`` runs the image's entrypoint in it (``podman run`` fails on setrlimit
   in unprivileged CI containers, buildah does not). Chroot isolation shares the host's
   network, so the engine's port is on 127.0.0.1 as it is; ``buildah rm`` removes it.
-- podman: ``podman run --rm oci:LAYOUT``. It publishes the port on 127.0.0.1 (``-p``), or
-  shares the host's network when the lock binds the engine to loopback, which a published
-  port cannot reach. GPUs: ``--device nvidia.com/gpu=all`` (podman, buildah, through CDI).
+- podman: ``podman create oci:LAYOUT``, then ``podman start --attach`` (between the two its
+  root is checked against the layout, as buildah's is). It publishes the port on 127.0.0.1
+  (``-p``), or shares the host's network when the lock binds the engine to loopback, which a
+  published port cannot reach. GPUs: ``--device nvidia.com/gpu=all`` (podman, buildah, CDI).
 - docker: through the ``docker`` SDK, not the CLI (``run.dockerrun``): the layout streamed
   into the daemon, the container made from the id the daemon reports (checked against the
   config digest), the same network rule, ``/dev/shm`` sized, the lock's GPUs as a device
@@ -35,7 +36,8 @@ from frank.errors import FrankError
 from frank.image.oci import layout_manifests
 from frank.image.verify import VerifiedImage
 from frank.run import launch
-from frank.run.dockerrun import DEFAULT_SHM, DockerSpec, cli_line
+from frank.run.dockerrun import DEFAULT_SHM, OWNER_LABEL, DockerSpec, cli_line, owner
+from frank.store.tmpdirs import owned_name
 
 HUB_IN_CONTAINER = "/frank/hub"
 # A path engines accept as an image name (they name an image pulled from oci:PATH after PATH).
@@ -206,7 +208,7 @@ def plan(image: VerifiedImage, lock: dict[str, Any], engine: Engine, *, w: Weigh
         link: str | None = f"/tmp/frank-oci-{image.digest.split(':')[1][:24]}/image"
     else:  # a view when the path is no image name or the layout lists more (attestations)
         link = None if _TAME.fullmatch(layout) and len(layout_manifests(image.layout)) == 1 \
-            else f"/tmp/frank-oci-{tag}/image"
+            else f"{owned_name('oci')}/image"  # this run's own (``store.tmpdirs``)
     ref = f"oci:{link or layout}"
     flags = lock.get("flags", {})
     host, port = str(flags.get("host") or "0.0.0.0"), int(flags.get("port", 8000))
@@ -239,7 +241,7 @@ def plan(image: VerifiedImage, lock: dict[str, Any], engine: Engine, *, w: Weigh
         net = _network(engine.name, host, port)
         spec = DockerSpec(command=tail, network="publish" if "-p" in net else "host",
                           port=port, shm_size=shm_size, ipc=ipc, gpus=gpus,
-                          labels={"dev.frank.image": image.digest})
+                          labels={"dev.frank.image": image.digest, OWNER_LABEL: owner()})
         mounts = [(str(run_cache), RUN_CACHE_IN_CONTAINER, False),
                   *((m.host, m.container, True) for m in w.mounts)]
         run = cli_line(spec, name=ctr, image=docker_tag(image.digest), env=env, mounts=mounts)
@@ -251,9 +253,10 @@ def plan(image: VerifiedImage, lock: dict[str, Any], engine: Engine, *, w: Weigh
             raise FrankError("the image has no entrypoint or cmd to run", file=layout)
         run = [*base, "run", "--isolation", "chroot", *flags_out, ctr, "--", *argv]
         cleanup = [[*base, "rm", ctr]]
-    else:
-        run = [*base, "run", "--rm", "--pull=always", "--name", ctr,
-               *_network(engine.name, host, port), *flags_out, ref, *tail]
+    else:  # made first, so that its root is checked against the layout before it starts
+        prepare.append([*base, "create", "--pull=always", "--name", ctr,
+                        *_network(engine.name, host, port), *flags_out, ref, *tail])
+        run = [*base, "start", "--attach", ctr]
         cleanup = [[*base, "rm", "-f", ctr]]
     return RunPlan(engine=engine.name, engine_args=base, image=image.digest, layout=layout,
                    stack=str(lock.get("stack", "")), lock_digest=str(lock["digest"]),

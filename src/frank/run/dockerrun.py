@@ -16,14 +16,27 @@ and the stop/kill grace are the supervisor's, the same for every engine.
 from __future__ import annotations
 
 import contextlib
+import io
+import os
+import re
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from frank.build.dockerapi import LoadedImage, client, load_layout
 from frank.errors import FrankError
+from frank.run.enginecopy import (
+    Tree,
+    differences,
+    expected_tree,
+    imported_again,
+    refused,
+    tree_of_tar,
+)
+from frank.store.tmpdirs import alive
 
 if TYPE_CHECKING:
     import docker
@@ -160,17 +173,80 @@ def _pump(container: Container, outs: tuple[IO[bytes], IO[bytes]],
             outs[i].flush()
 
 
-def start(loaded: LoadedImage, c: docker.DockerClient, kwargs: dict[str, Any],
-          outs: tuple[IO[bytes], IO[bytes]],
-          keep: Callable[[str], bool]) -> tuple[ContainerProcess, threading.Thread]:
-    """Create and start the container; its output is pumped by the returned thread."""
+# What the daemon itself puts in a container's root (its init layer) and mounts over at start.
+DAEMON_MADE = ("/.dockerenv", "/etc/hostname", "/etc/hosts", "/etc/resolv.conf", "/etc/mtab",
+               "/dev", "/proc", "/sys")
+
+
+class _Chunks(io.RawIOBase):
+    """An iterator of byte chunks (the SDK's streamed answer) as a file to read."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self.chunks, self.rest = chunks, b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf: Any) -> int:
+        while not self.rest:
+            self.rest = next(self.chunks, b"")
+            if not self.rest:
+                return 0
+        n = min(len(buf), len(self.rest))
+        buf[:n], self.rest = self.rest[:n], self.rest[n:]
+        return n
+
+
+def root_tree(c: docker.DockerClient, container: Container) -> Tree:
+    """The container's root filesystem as the daemon exports it (the engine's copy)."""
+    raw = _Chunks(iter(c.api.export(str(container.id))))
+    return tree_of_tar(io.BufferedReader(raw, 1 << 20))
+
+
+def create(loaded: LoadedImage, c: docker.DockerClient, kwargs: dict[str, Any]) -> Container:
+    """Make the container (not started)."""
     from docker.errors import APIError
 
     try:
-        container = c.containers.create(loaded.ref, **kwargs)
+        return c.containers.create(loaded.ref, **kwargs)
     except APIError as exc:
         raise FrankError(f"the Docker daemon could not make the container: "
                          f"{' '.join(str(exc.explanation or exc).split())}") from None
+
+
+def checked_container(c: docker.DockerClient, layout: Path, digest: str, tag: str,
+                      kwargs: dict[str, Any],
+                      progress: Callable[[str], None] | None = None) -> Container:
+    """A container (not started) whose root is what the layout's layers make.
+
+    The daemon reuses a layer it holds by its diff_id without reading it again, so an image
+    it already has (the same id) may carry a file edited in its storage. The container's
+    exported root is compared with the layout's tree (the daemon's own files and the
+    mount points left out: they are covered at start); one that differs is removed with its
+    image, the layout loaded again, and a copy that still differs refused."""
+    expected = expected_tree(layout, digest)
+    ignore = [*DAEMON_MADE, *(str(m["Target"]) for m in kwargs.get("mounts", []))]
+    loaded = load_layout(c, layout, tag, digest, progress=progress)
+    for again in (False, True):
+        container = create(loaded, c, kwargs)
+        wrong = differences(expected, root_tree(c, container), ignore=ignore)
+        if not wrong:
+            return container
+        remove(c, str(container.id))
+        if again:
+            raise refused(digest, wrong, None)
+        with contextlib.suppress(Exception):
+            c.images.remove(loaded.id, force=True)
+        imported_again(digest, wrong)
+        loaded = load_layout(c, layout, tag, digest, reuse=False, progress=progress)
+    raise AssertionError("unreachable")
+
+
+def start(container: Container, outs: tuple[IO[bytes], IO[bytes]],
+          keep: Callable[[str], bool]) -> tuple[ContainerProcess, threading.Thread]:
+    """Start a made container; its output is pumped by the returned thread."""
+    from docker.errors import APIError
+
     pump = threading.Thread(target=_pump, args=(container, outs, keep), daemon=True)
     pump.start()
     try:
@@ -183,6 +259,33 @@ def start(loaded: LoadedImage, c: docker.DockerClient, kwargs: dict[str, Any],
     return ContainerProcess(container), pump
 
 
+OWNER_LABEL = "dev.frank.run-owner"
+_RUN_NAME = re.compile(r"frank-run-[0-9a-f]{12}")
+
+
+def owner() -> str:
+    """This process as the label a run's container carries: boot id, pid namespace, pid.
+    A daemon may serve other machines and containers: only this boot's and namespace's
+    runs are judged by their pid."""
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    return f"{boot}/{os.readlink('/proc/self/ns/pid')}/{os.getpid()}"
+
+
+def reap(c: docker.DockerClient) -> list[str]:
+    """Remove the daemon's containers of frank's runs (``frank-run-<hex>``, owner label)
+    whose run, on this machine and in this pid namespace, is gone (killed by SIGKILL); a
+    run stopped any other way removes its own. The names removed."""
+    here = owner().rpartition("/")[0]
+    gone = []
+    for ctr in c.containers.list(all=True, filters={"label": OWNER_LABEL}):
+        where, _, pid = str((ctr.labels or {}).get(OWNER_LABEL, "")).rpartition("/")
+        if where == here and pid.isdigit() and _RUN_NAME.fullmatch(str(ctr.name)) \
+                and not alive(int(pid)):
+            remove(c, str(ctr.id))
+            gone.append(str(ctr.name))
+    return gone
+
+
 def remove(c: docker.DockerClient, name: str) -> None:
     """Remove the container (running or not); gone already is fine."""
     from docker.errors import APIError, NotFound
@@ -191,5 +294,6 @@ def remove(c: docker.DockerClient, name: str) -> None:
         c.containers.get(name).remove(force=True)
 
 
-__all__ = ["ContainerProcess", "DockerSpec", "cli_line", "client", "create_kwargs",
-           "load_layout", "remove", "start"]
+__all__ = ["ContainerProcess", "DockerSpec", "checked_container", "cli_line", "client",
+           "create", "create_kwargs", "load_layout", "owner", "reap", "remove", "root_tree",
+           "start"]

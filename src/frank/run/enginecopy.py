@@ -20,6 +20,8 @@ from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 from typing import IO
 
+from frank.errors import FrankError
+
 # path -> (kind, permission bits, uid, gid, sha256 of a file's bytes or a link's text)
 Tree = dict[str, tuple[str, int, int, int, str]]
 
@@ -116,7 +118,8 @@ def differences(expected: Tree, actual: Tree, *, ignore: Iterable[str] = ()) -> 
     """The paths where the engine's tree is not the image's, each with what differs.
 
     ``ignore``: paths the engine makes itself in a working container (mount points of the
-    run's volumes and its own files) whose contents are not the image's.
+    run's volumes and its own files) whose contents are not the image's; a folder the image
+    lacks that the engine made to hold one of them is no difference either.
     """
     skip = list(ignore)
     out = []
@@ -124,6 +127,9 @@ def differences(expected: Tree, actual: Tree, *, ignore: Iterable[str] = ()) -> 
         if any(path == s or _under(path, s) for s in skip):
             continue
         want, got = expected.get(path), actual.get(path)
+        if want is None and got is not None and got[0] == "dir" and \
+                any(_under(s, path) for s in skip):
+            continue
         if want == got:
             continue
         if want is None:
@@ -138,3 +144,26 @@ def differences(expected: Tree, actual: Tree, *, ignore: Iterable[str] = ()) -> 
             out.append(f"{path} has mode {got[1]:o} owner {got[2]}:{got[3]}, the image "
                        f"{want[1]:o} {want[2]}:{want[3]}")
     return out
+
+
+def expected_tree(layout: Path, digest: str) -> Tree:
+    """The root filesystem the layers of image ``digest`` of ``layout`` make."""
+    from frank.image.oci import layout_blob_path, resolve_manifest
+
+    _, _, manifest = resolve_manifest(layout, digest)
+    return image_tree(layout_blob_path(layout, d["digest"]) for d in manifest["layers"])
+
+
+def imported_again(image: str, wrong: list[str]) -> None:
+    """Say that the engine's copy differed and was replaced (the first difference)."""
+    import sys
+
+    print(f"frank: the engine's stored copy of {image} differs from the layout "
+          f"({wrong[0]}); imported it again", file=sys.stderr, flush=True)
+
+
+def refused(image: str, still: list[str], storage: str | None) -> FrankError:
+    """The error when a copy imported again still differs (something still holds it)."""
+    return FrankError(f"refusing to run: the engine's stored copy of {image} differs from the "
+                      f"layout ({still[0]}) and something in its storage still holds it: "
+                      f"remove frank's containers and images there", file=storage)

@@ -7,6 +7,9 @@ holds a lock named after its container (``<runroot>/frank-runs/<name>.lock``) wh
 container exists, and the kernel drops it when the run dies however it dies. The next run
 (and ``frank gc``) removes each container of frank's naming (``frank-run-<hex>``) whose lock
 nobody holds and that no live process names: its mounts go with it (``rm`` unmounts).
+``leftovers`` adds the rest a killed command leaves: a build's working containers
+(``build.engines.reap_builds``), frank's folders in /tmp (``store.tmpdirs``) and the run
+roots of deleted caches (``build.engines.reap_runroots``).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ def claimed(engine_args: list[str], name: str) -> Iterator[None]:
         return
     with opened(path) as fd:
         try_exclusive(fd)  # a fresh name: nobody else holds it
+        os.write(fd, f"{os.getpid()}\n".encode())  # for a reader; the lock is what counts
         try:
             yield
         finally:
@@ -92,3 +96,44 @@ def reap(engine_args: list[str]) -> list[str]:
             with contextlib.suppress(OSError):
                 path.unlink()
     return gone
+
+
+def _unmount_idle_storage(engine_args: list[str]) -> list[str]:
+    """The driver's folder of an overlay storage stays bind-mounted on itself after every
+    engine command (containers/storage makes it private that way), so a cache holding it
+    cannot be deleted ("Device or resource busy"). With nothing mounted below it (no
+    container mounted: the engine mounts it again when next used) it is unmounted."""
+    root = Path(engine_args[engine_args.index("--root") + 1])
+    driver = engine_args[engine_args.index("--storage-driver") + 1] \
+        if "--storage-driver" in engine_args else "vfs"
+    top = str(root / driver)
+    with contextlib.suppress(OSError):
+        points = [ln.split()[1] for ln in Path("/proc/self/mounts").read_text().splitlines()]
+        idle = top in points and not any(p.startswith(top + "/") for p in points)
+        if idle and subprocess.run(["umount", top], capture_output=True).returncode == 0:
+            return [f"{top}, the mount an engine storage kept"]
+    return []
+
+
+def leftovers(storages: list[list[str]], *, dry_run: bool = False,
+              storage_mounts: bool = False) -> list[str]:
+    """Remove (``dry_run``: only find) what killed runs and builds left: their containers in
+    each engine storage (``storages``: engine argv with ``--root``), mounts included,
+    frank's folders in /tmp that nobody holds (``store.tmpdirs``), the run roots of deleted
+    caches, and (``storage_mounts``, for gc) each storage's own idle mount; one line each."""
+    from frank.build.engines import reap_builds, reap_runroots
+    from frank.store import tmpdirs
+
+    said = []
+    for args in storages:
+        said += [f"{n}, the container of a run that was killed"
+                 for n in (stale(args) if dry_run else reap(args))]
+        said += [f"{n}, the {'result' if n.startswith('localhost/') else 'working container'}"
+                 " of a build that was killed" for n in reap_builds(args, dry_run=dry_run)]
+        if storage_mounts and not dry_run:
+            said += _unmount_idle_storage(args)
+    said += [f"{p}, a folder in /tmp no frank command holds"
+             for p in tmpdirs.reap(dry_run=dry_run)]
+    said += [f"{p}, the run root of an engine storage that is gone"
+             for p in reap_runroots(dry_run=dry_run)]
+    return said

@@ -15,7 +15,6 @@ import collections
 import contextlib
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -32,8 +31,9 @@ from frank.errors import FrankError
 from frank.image.oci import image_view
 from frank.run import launch
 from frank.run.container import RUN_CACHE_IN_CONTAINER, RunPlan
-from frank.run.enginecopy import differences, image_tree, tree_of_dir
-from frank.run.reap import claimed, reap
+from frank.run.enginecopy import differences, expected_tree, imported_again, refused, tree_of_dir
+from frank.run.reap import claimed, leftovers
+from frank.store.tmpdirs import drop, hold, release
 
 STOP_GRACE_S = 20.0
 # What buildah itself says when the container exits non-zero: not the container's words.
@@ -153,6 +153,7 @@ class Runner:
         self.pumps: list[threading.Thread] = []
         self._claim: contextlib.AbstractContextManager[None] | None = None
         self.docker: Any = None  # the SDK's client, for engine docker
+        self._view: int | None = None  # the held folder of the image's view (``link``)
 
     def _signal(self, signum: int, _frame: FrameType | None) -> None:
         if self.proc is None and not self.cleaning:
@@ -216,12 +217,13 @@ class Runner:
         """Prepare the working container and start the image's entrypoint in it."""
         if self.plan.serve:
             _port_free(self.plan.url)
-        if self.plan.link:  # per image digest: a second run of the same image may share it
+        storages = [self.plan.engine_args] if self.plan.engine != "docker" else []
+        for what in leftovers(storages):  # what killed runs and builds left
+            print(f"frank: removed {what}", file=sys.stderr, flush=True)
+        if self.plan.link:  # buildah: per image digest, a second run of the image shares it
+            self._view = hold(Path(self.plan.link).parent)  # held: not reaped while used
             image_view(Path(self.plan.layout), self.plan.image, Path(self.plan.link))
         if self.plan.engine in ("buildah", "podman"):
-            for name in reap(self.plan.engine_args):  # what runs killed by SIGKILL left
-                print(f"frank: removed {name}, the container of a run that was killed",
-                      file=sys.stderr, flush=True)
             self._claim = claimed(self.plan.engine_args, self.plan.container)
             self._claim.__enter__()
         if self.plan.engine == "docker":
@@ -230,8 +232,7 @@ class Runner:
         for cmd in self.plan.prepare:
             _quiet(cmd, f"{Path(cmd[0]).name}, preparing the container")
         self._remember_image()
-        if self.plan.engine == "buildah":
-            self._check_engine_copy()
+        self._check_engine_copy()
         self.proc = subprocess.Popen(self.plan.run, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, start_new_session=True)
         assert self.proc.stdout is not None and self.proc.stderr is not None
@@ -249,17 +250,18 @@ class Runner:
 
         assert self.plan.docker is not None and self.plan.run_cache is not None
         self.docker = dockerrun.client()
-        loaded = dockerrun.load_layout(self.docker, Path(self.plan.layout),
-                                       docker_tag(self.plan.image), self.plan.image,
-                                       progress=lambda m: print(f"frank: {m}", file=sys.stderr,
-                                                                flush=True))
+        for name in dockerrun.reap(self.docker):  # what runs killed by SIGKILL left
+            print(f"frank: removed {name}, the container of a run that was killed",
+                  file=sys.stderr, flush=True)
         mounts = [(self.plan.run_cache, RUN_CACHE_IN_CONTAINER, False),
                   *((m.host, m.container, True) for m in self.plan.mounts)]
         kwargs = dockerrun.create_kwargs(self.plan.docker, name=self.plan.container,
                                          env=self.plan.env, mounts=mounts)
+        container = dockerrun.checked_container(
+            self.docker, Path(self.plan.layout), self.plan.image, docker_tag(self.plan.image),
+            kwargs, progress=lambda m: print(f"frank: {m}", file=sys.stderr, flush=True))
         outs = (self.output or sys.stdout.buffer, self.output or sys.stderr.buffer)
-        proc, pump = dockerrun.start(loaded, self.docker, kwargs, outs,
-                                     lambda text: _passed(text, self.tail))
+        proc, pump = dockerrun.start(container, outs, lambda text: _passed(text, self.tail))
         self.proc = proc  # type: ignore[assignment]  # Popen's poll/wait/signal, see dockerrun
         self.pumps = [pump]
 
@@ -317,38 +319,32 @@ class Runner:
     def _engine_differences(self) -> list[str]:
         """Where the working container's root (the engine's stored copy of the image) is
         not what the image's layers make (see ``frank.image.enginecopy``)."""
-        from frank.image.oci import layout_blob_path, resolve_manifest
-
-        layout = Path(self.plan.layout)
-        _, _, manifest = resolve_manifest(layout, self.plan.image)
-        expected = image_tree(layout_blob_path(layout, d["digest"]) for d in manifest["layers"])
-        base, ctr = self.plan.engine_args, self.plan.container
-        root = _quiet([*base, "mount", ctr], "buildah mount, checking the engine's copy")
+        base, ctr, exe = self.plan.engine_args, self.plan.container, self.plan.engine
+        root = _quiet([*base, "mount", ctr], f"{exe} mount, checking the engine's copy")
         try:
-            return differences(expected, tree_of_dir(Path(root.strip().splitlines()[-1])))
+            return differences(expected_tree(Path(self.plan.layout), self.plan.image),
+                               tree_of_dir(Path(root.strip().splitlines()[-1])))
         finally:
             subprocess.run([*base, "umount", ctr], capture_output=True, check=False)
 
     def _check_engine_copy(self) -> None:
-        """Run only what the layout holds: a stored copy that differs is removed (every
-        image of frank's storage no container uses) and imported again from the layout;
-        one that still differs is refused."""
+        """Run only what the layout holds (buildah, podman): a stored copy that differs is
+        removed (every image of frank's storage no container uses) and imported again from
+        the layout; one that still differs is refused."""
         wrong = self._engine_differences()
         if not wrong:
             return
         base = self.plan.engine_args
-        subprocess.run([*base, "rm", self.plan.container], capture_output=True, check=False)
+        for cmd in self.plan.cleanup:  # the working container
+            subprocess.run(cmd, capture_output=True, check=False)
         subprocess.run([*base, "rmi", "--all"], capture_output=True, check=False)
-        print(f"frank: the engine's stored copy of {self.plan.image} differs from the layout "
-              f"({wrong[0]}); imported it again", file=sys.stderr, flush=True)
+        imported_again(self.plan.image, wrong)
         for cmd in self.plan.prepare:
             _quiet(cmd, f"{Path(cmd[0]).name}, preparing the container")
         still = self._engine_differences()
         if still:
-            raise FrankError(f"refusing to run: the engine's stored copy of the image differs "
-                             f"from the layout ({still[0]}) and a container in its storage "
-                             f"still holds it: remove frank's containers there",
-                             file=base[base.index("--root") + 1] if "--root" in base else None)
+            raise refused(self.plan.image, still,
+                          base[base.index("--root") + 1] if "--root" in base else None)
 
     def _clean(self) -> None:
         if self.plan.engine == "docker":
@@ -367,8 +363,10 @@ class Runner:
         if self.image_name and self.plan.engine != "buildah":
             subprocess.run([*self.plan.engine_args, "rmi", self.image_name],
                            capture_output=True, check=False)
-        if self.plan.link and self.plan.engine != "buildah":
-            shutil.rmtree(Path(self.plan.link).parent, ignore_errors=True)
+        if self._view is not None and self.plan.link:  # the next run makes it again
+            release(self._view)
+            self._view = None
+            drop(Path(self.plan.link).parent)  # unless another run of the image holds it
 
 
 def execute(plan: RunPlan, ready_timeout: float) -> int:

@@ -42,7 +42,7 @@ class Collected:
     freed: int = 0
     removed: dict[str, int] = field(default_factory=dict)
     kept_blobs: int = 0
-    reaped: list[str] = field(default_factory=list)  # containers of runs that were killed
+    reaped: list[str] = field(default_factory=list)  # what killed runs and builds left
 
     def note(self, what: str, size: int) -> None:
         self.freed += size
@@ -120,20 +120,19 @@ def current_bases(root: Path) -> set[str]:
 
 
 def reap_all(store_root: Path, *, dry_run: bool = False) -> list[str]:
-    """Remove the working containers killed runs left in each engine storage of the cache
-    (``run.reap``), mounts included (``dry_run``: only name them)."""
+    """Remove what killed runs and builds left (``run.reap.leftovers``) in each engine
+    storage of the cache and in /tmp, mounts included (``dry_run``: only name them)."""
     from frank.build.engines import _runroot
-    from frank.run.reap import reap, stale
+    from frank.run.reap import leftovers
 
-    gone = []
+    storages = []
     for root in sorted((store_root / "containers").glob("*")):
         name, _, driver = root.name.partition("-")
         exe = shutil.which(name)
         if name in ("buildah", "podman") and exe is not None and root.is_dir():
-            args = [exe, "--root", str(root), "--runroot", str(_runroot(root)),
-                    "--storage-driver", driver or "vfs"]
-            gone += stale(args) if dry_run else reap(args)
-    return gone
+            storages.append([exe, "--root", str(root), "--runroot", str(_runroot(root)),
+                             "--storage-driver", driver or "vfs"])
+    return leftovers(storages, dry_run=dry_run, storage_mounts=True)
 
 
 @contextlib.contextmanager
