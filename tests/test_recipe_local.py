@@ -173,6 +173,19 @@ def test_the_closure_is_the_images_and_remove_and_overrides_take_effect(built: B
     assert dists["recipe-common"] == "1.0" and dists["recipe-ext"] == "1.0+cu130"
 
 
+def test_revert_describes_the_image(built: Built) -> None:
+    """B2: a revert of the removal says what the image would hold again: the image's own
+    recipe-cubin 1.0, and nothing else (never the engine, never the image's set)."""
+    from tests.test_official_image_path import _walk
+
+    said = frank("revert", "drop-recipe-cubin", "--stack", STACK, "--dry-run", "--json",
+                 cwd=built.repo)
+    assert said.code == 0, said.err
+    changes = {c["distribution"]: (c["old"], c["new"]) for c in _walk(json.loads(said.out))
+               if isinstance(c, dict) and "distribution" in c and "old" in c}
+    assert changes == {"recipe-cubin": (None, "1.0")}, changes
+
+
 def test_an_image_that_keeps_the_removed_distribution_fails_its_audit(
         built: Built, tmp_path: Path) -> None:
     wrong = _without_layer(built, tmp_path, lambda names: any(

@@ -9,7 +9,8 @@ base's pinned .debs). ``make_world`` makes:
   distributions installed from real wheels (the engine, recipe-kernels 1.0, recipe-cubin 1.0,
   recipe-common 1.0, and the PyPI build tools), the host's ``make`` and a header whose time
   is a real one (an official image's files carry theirs), an OCI layout pinned by digest;
-- a **PEP 503 index** (recipe-ext 1.0+cu130, with a local version label; recipe-kernels 2.0;
+- a **PEP 503 index** (recipe-ext 1.0+cu130, with a local version label; recipe-kernels 1.0
+  and 2.0;
   recipe-jit 1.0; recipe-common 1.0 and 2.0) and the engine patch, served on 127.0.0.1;
 - and ``render`` writes the example's parts, stack and image file into a repo folder with
   those URLs and digests, and makes its git source (``sources/recipe-scm``: tagged v0.1.0,
@@ -52,6 +53,7 @@ GREETING = "GREETING = 'hello'\n"
 PATCH = ("--- a/recipe_engine/serve.py\n+++ b/recipe_engine/serve.py\n"
          "@@ -1 +1 @@\n-GREETING = 'hello'\n+GREETING = 'patched'\n")
 EXT = "recipe_ext-1.0+cu130-py3-none-any.whl"
+KERNELS_1 = {"__init__.py": "KERNELS = 1\n", "old_only.py": "OLD = 1\n"}
 # The engine image's build tools, from PyPI by sha256 (what an official image has: the
 # recipe's source build runs with the image's own setuptools, offline).
 PYPI = "https://files.pythonhosted.org/packages/"
@@ -113,6 +115,7 @@ def _index(served: Path) -> None:
     files.mkdir(parents=True)
     made = [wheel(files, "recipe-ext", "1.0+cu130", {"__init__.py": "EXT = 1\n"},
                   ("recipe-common>=1.0",)),
+            wheel(files, "recipe-kernels", "1.0", KERNELS_1),  # the image's, as an index has
             wheel(files, "recipe-kernels", "2.0", {"__init__.py": "KERNELS = 2\n"},
                   ("recipe-jit==1.0",)),
             wheel(files, "recipe-jit", "1.0", {"__init__.py": "JIT = 1\n"}),
@@ -161,8 +164,7 @@ def _base(top: Path) -> tuple[Path, str]:
     made.mkdir()
     wheels = [
         wheel(made, "recipe-engine", "1.0", {"__init__.py": "", "serve.py": GREETING}),
-        wheel(made, "recipe-kernels", "1.0", {"__init__.py": "KERNELS = 1\n",
-                                              "old_only.py": "OLD = 1\n"}),
+        wheel(made, "recipe-kernels", "1.0", KERNELS_1),
         wheel(made, "recipe-cubin", "1.0", {"__init__.py": "CUBIN = 1\n"}),
         wheel(made, "recipe-common", "1.0", {"__init__.py": "COMMON = 1\n"}),
     ]
