@@ -264,3 +264,22 @@ def test_an_undeclared_or_ill_formed_index_is_refused_in_one_line(
     line = _one_line(frank("lock", "indexed", cwd=repo))
     says = says.replace("{url}", index.url)
     assert str(stack.relative_to(repo)) in line and field in line and says in line, line
+
+
+def test_an_override_of_a_mapped_distribution_comes_from_its_index(
+        repo: Path, index: Index) -> None:
+    """uv's --overrides drops a requirement's index source (PyPI's six has no 99.0): an
+    override of a mapped distribution is the project's own override, which keeps it."""
+    stack = _stack(repo, index, _mapped(index, NAME, "six"))
+    part = repo / "parts" / "bump-six" / "1.toml"
+    part.parent.mkdir()
+    part.write_text('kind = "package"\nname = "bump-six"\nversion = "1"\nsummary = "six over"\n'
+                    'status = "candidate"\ndistribution = "six"\noverrides = ["six==99.0"]\n'
+                    + PART[PART.index("[provenance]"):])
+    stack.write_text(stack.read_text() + 'bump-six = "1"\n')
+    result = frank("lock", "indexed", cwd=repo)
+    assert result.code == 0, result.err
+    six = _pylock(repo)["six"]
+    assert six["version"] == "99.0"
+    assert str(six["wheels"][0]["url"]).startswith(  # type: ignore[index]
+        index.url.removesuffix("/simple"))

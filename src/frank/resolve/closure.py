@@ -179,6 +179,12 @@ def _project(request: ClosureRequest, requirements: list[str], mapped: list[str]
     lines = ["[project]", f"name = {q(_PROJECT)}", 'version = "0"',
              f"requires-python = {q('>=' + request.python)}",
              "dependencies = [" + ", ".join(q(r) for r in wanted) + "]", ""]
+    # an override given with --overrides loses its source (uv takes it from PyPI): one of a
+    # mapped distribution is the project's own override, which keeps it
+    ours = _mapped_overrides(request)
+    if ours:
+        lines += ["[tool.uv]", "override-dependencies = [" + ", ".join(q(r) for r in ours)
+                  + "]", ""]
     for name, url in sorted(request.indexes.items()):
         lines += ["[[tool.uv.index]]", f"name = {q(name)}", f"url = {q(url)}",
                   "explicit = true", ""]
@@ -186,6 +192,15 @@ def _project(request: ClosureRequest, requirements: list[str], mapped: list[str]
     lines += [f"{q(dist)} = {{ index = {q(name)} }}"
               for dist, name in sorted(request.from_index.items())]
     return "\n".join(lines) + "\n"
+
+
+def _mapped_overrides(request: ClosureRequest) -> list[str]:
+    """The request's overrides of distributions mapped to an index."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    mapped = {canonicalize_name(d) for d in request.from_index}
+    return [r for r in request.overrides if canonicalize_name(Requirement(r).name) in mapped]
 
 
 def pylock_path(stack_file: Path) -> Path:
@@ -265,7 +280,9 @@ def _compile(request: ClosureRequest, requirements: list[str], stack_file: Path,
         else:
             source = t / "requirements.in"
             source.write_text("".join(f"{r}\n" for r in requirements))
-        (t / "overrides.txt").write_text("".join(f"{r}\n" for r in request.overrides))
+        given = set(_mapped_overrides(request)) if request.indexes else set()
+        (t / "overrides.txt").write_text("".join(f"{r}\n" for r in request.overrides
+                                                 if r not in given))
         (t / "excludes.txt").write_text("".join(f"{r}\n" for r in excludes))
         constraints = []
         if request.constraints:

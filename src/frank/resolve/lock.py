@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -21,6 +21,9 @@ from frank.hashing import sha256_json
 from frank.model.kinds.base import FlagValue, Strict
 from frank.model.tomlio import read_text, validation_to_error
 from frank.resolve.resolver import Resolved
+
+if TYPE_CHECKING:
+    from frank.model.kinds.package import Package
 
 LOCK_VERSION = 1
 
@@ -121,12 +124,27 @@ def impure_steps(resolved: Resolved, closure: bool = False, base: bool = False) 
         if isinstance(part, Package) and part.git is not None:
             out.append(f"package:{part.name}: wheel built from git {part.git.repo} at "
                        f"{part.git.commit} (checked out by frank on the host) in a builder "
-                       "stage (a container engine; its apt-get and pip reach the network)")
+                       f"stage (a container engine; {_stage_reach(part)})")
         if isinstance(part, Step):
             out.append(f"step:{part.name}: runs in a container on the image below (off the "
                        "network unless another part's build needs it); its outputs "
                        f"{', '.join(part.outputs)} are the layer")
     return out
+
+
+def _stage_reach(part: Package) -> str:
+    """What a source build's stage reaches, as its commands do (source_build_layer): apt-get
+    for Debian build packages, pip for pinned build requirements or an isolated build's
+    backend; nothing else."""
+    from frank.model.kinds.package import SourceBuild
+
+    build = part.build or SourceBuild()
+    tools = [tool for tool, used in (("apt-get", bool(build.system_packages)),
+                                     ("pip", bool(build.requires or build.isolation)))
+             if used]
+    if not tools:
+        return "off the network: no build packages, no build isolation"
+    return f"its {' and '.join(tools)} {'reach' if len(tools) > 1 else 'reaches'} the network"
 
 
 def verify_fetched(resolved: Resolved, previous: Lock | None,

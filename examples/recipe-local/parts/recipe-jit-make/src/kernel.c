@@ -1,0 +1,1 @@
+int recipe_kernel(void) { return RECIPE_VERSION; }

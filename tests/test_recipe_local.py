@@ -1,0 +1,335 @@
+"""Issue 40 part C: the recipe-local example (examples/recipe-local, docs/recipe-local.md)
+built once with `frank compose --builder buildah`, audited, and each item of part B shown
+on it: what the image holds, and a deliberately wrong variant caught (one line naming the
+file and field, or a failed audit naming part and path).
+
+Everything it reaches is made here or pinned: its own engine image by digest (test-base's
+layers plus a layer of installed distributions), a PEP 503 index and the patch on
+127.0.0.1, a git source inside the rendered repo, PyPI's build tools by sha256. One
+compose for the module (about 10 s warm); the variants that need a build rebuild only the
+layers they change.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+import tomllib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from tests.spine_helpers import Result, frank
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "recipe-local"
+SITE = "usr/local/lib/python3.11/dist-packages"
+STACK = "stacks/recipe-local.toml"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("buildah") is None, reason="buildah not installed"),
+    pytest.mark.skipif(shutil.which("make") is None, reason="make not installed"),
+]
+
+
+def _world_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("recipe_local_world", EXAMPLE / "world.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass
+class Built:
+    """The rendered repo, the values put into it, and the composed image."""
+
+    repo: Path
+    values: dict[str, str]
+    layout: Path
+    summary: dict  # type: ignore[type-arg]
+    world: ModuleType
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Built]:
+    world = _world_module()
+    top = tmp_path_factory.mktemp("recipe-local")
+    made = world.make_world(top / "world")
+    with world.serve(made.served) as url:
+        repo = top / "repo"
+        values = world.render(repo, made, url)
+        locked = frank("lock", STACK, cwd=repo)
+        assert locked.code == 0, locked.err
+        done = frank("compose", STACK, "--builder", "buildah", "--json", cwd=repo)
+        assert done.code == 0, done.err
+        summary = json.loads(done.out)
+        yield Built(repo, values, Path(summary["image"]["layout"]), summary, world)
+
+
+def _variant(built: Built, tmp_path: Path) -> Path:
+    """A copy of the rendered repo to make wrong (its image file still names the base)."""
+    copy = tmp_path / "repo"
+    shutil.copytree(built.repo, copy, ignore=shutil.ignore_patterns("out", "bases"),
+                    symlinks=True)
+    source = copy / "parts/recipe-scm-src/1.toml"  # its git source: the copy's own
+    source.write_text(source.read_text().replace(str(built.repo), str(copy)))
+    return copy
+
+
+def _one_line(result: Result, code: int = 2) -> str:
+    assert result.code == code, (result.out, result.err)
+    lines = result.err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.err, result.err
+    return lines[0]
+
+
+def _lock(built: Built) -> Any:
+    return json.loads((built.repo / "stacks/recipe-local.lock").read_text())
+
+
+def _plan(built: Built) -> Any:
+    return json.loads((built.layout.parent / "plan.json").read_text())
+
+
+def _view(layout: Path):  # type: ignore[no-untyped-def]
+    from frank.audit.layers import read_image
+    from tests.test_official_image_path import _blobs
+
+    return read_image(_blobs(layout))
+
+
+def _audit(built: Built, target: str) -> tuple[int, dict]:  # type: ignore[type-arg]
+    result = frank("audit", target, "--json", cwd=built.repo)
+    return result.code, json.loads(result.out) if result.out else {}
+
+
+def _without_layer(built: Built, tmp_path: Path, holds: Callable[[list[str]], bool]) -> Path:
+    """The built image, config and all, without the last layer whose member names ``holds``
+    accepts: an image that skipped that part's layer, consistent in every digest."""
+    import tarfile
+
+    from frank.image.oci import layout_blob_path, resolve_manifest
+    from tests.oci_helpers import write_layout
+    from tests.test_official_image_path import _blobs
+
+    def names(blob: Path) -> list[str]:
+        with tarfile.open(blob) as tar:
+            return tar.getnames()
+
+    blobs = _blobs(built.layout)
+    drop = [i for i, b in enumerate(blobs) if holds(names(b))][-1]
+    _, _, manifest = resolve_manifest(built.layout)
+    config = json.loads(layout_blob_path(built.layout, manifest["config"]["digest"]).read_bytes())
+    del config["history"]  # one entry per layer: the one taken out has no match
+    return write_layout(tmp_path / "wrong", [b.read_bytes() for i, b in enumerate(blobs)
+                                             if i != drop], config=config)
+
+
+def _copy_image(built: Built, tmp_path: Path) -> Path:
+    layout = tmp_path / "image"
+    shutil.copytree(built.layout, layout)
+    return layout
+
+
+# --- A: the image is audited at the end of the build, and passes ---------------------------
+
+def test_the_recipe_composes_and_its_audit_passes(built: Built) -> None:
+    assert built.summary["engine"]["strategy"] == "image"
+    assert built.summary["audit"]["ok"] and built.summary["audit"]["differences"] == []
+    code, report = _audit(built, STACK)
+    assert code == 0, report
+    cubins = next(o for o in report["cuda"] if o["owner"] == "recipe-cubins")
+    assert cubins["sass"] == ["sm_120"] and cubins["runs_as_sass"] == 1
+
+
+# --- B1, B2: the official-image path: the closure is the image's, remove/overrides act ------
+
+def test_the_closure_is_the_images_and_remove_and_overrides_take_effect(built: Built) -> None:
+    lock = _lock(built)
+    assert lock["base_python"]["dists"]["recipe-kernels"] == "1.0"
+    assert lock["base_python"]["dists"]["recipe-cubin"] == "1.0"
+    doc = tomllib.loads((built.repo / "stacks/pylock.recipe-local.toml").read_text())
+    versions = {p["name"]: p["version"] for p in doc["packages"]}
+    # recipe-ext asks for recipe-common>=1.0: the index has 2.0, the image 1.0: kept
+    assert versions["recipe-common"] == "1.0"
+    assert versions["recipe-kernels"] == "2.0" and versions["recipe-jit"] == "1.0"
+    from frank.audit.checks import installed_dists
+
+    view = _view(built.layout)
+    dists = {d.name: d.version for d in installed_dists(view)}
+    assert "recipe-cubin" not in dists
+    assert view.get(f"{SITE}/recipe_cubin/__init__.py") is None
+    assert dists["recipe-kernels"] == "2.0" and dists["recipe-jit"] == "1.0"
+    assert view.get(f"{SITE}/recipe_kernels/old_only.py") is None  # 1.0's own file
+    assert dists["recipe-common"] == "1.0" and dists["recipe-ext"] == "1.0+cu130"
+
+
+def test_revert_describes_the_image(built: Built) -> None:
+    """B2: a revert of the removal says what the image would hold again: the image's own
+    recipe-cubin 1.0, and nothing else (never the engine, never the image's set)."""
+    from tests.test_official_image_path import _walk
+
+    said = frank("revert", "drop-recipe-cubin", "--stack", STACK, "--dry-run", "--json",
+                 cwd=built.repo)
+    assert said.code == 0, said.err
+    changes = {c["distribution"]: (c["old"], c["new"]) for c in _walk(json.loads(said.out))
+               if isinstance(c, dict) and "distribution" in c and "old" in c}
+    assert changes == {"recipe-cubin": (None, "1.0")}, changes
+
+
+def test_an_image_that_keeps_the_removed_distribution_fails_its_audit(
+        built: Built, tmp_path: Path) -> None:
+    wrong = _without_layer(built, tmp_path, lambda names: any(
+        ".wh.recipe_cubin" in n for n in names))
+    code, report = _audit(built, str(wrong))
+    assert code == 1
+    found = [d for d in report["differences"] if d["check"] == "removed distribution present"]
+    assert found and found[0]["part"] == "drop-recipe-cubin", report["differences"]
+
+
+# --- B3: a second index, a local version label ----------------------------------------------
+
+def test_the_second_indexs_wheel_is_locked_and_an_unmapped_one_is_refused(
+        built: Built, tmp_path: Path) -> None:
+    lock = _lock(built)
+    assert lock["indexes"]["local"]["url"] == built.values["INDEX_URL"]
+    doc = tomllib.loads((built.repo / "stacks/pylock.recipe-local.toml").read_text())
+    ext = next(p for p in doc["packages"] if p["name"] == "recipe-ext")
+    assert ext["wheels"][0]["url"] == built.values["EXT_URL"] and "%2B" in built.values["EXT_URL"]
+    repo = _variant(built, tmp_path)
+    stack = repo / STACK
+    stack.write_text(stack.read_text().replace('recipe-ext = "local"\n', ""))
+    line = _one_line(frank("lock", STACK, cwd=repo))
+    assert STACK in line and "from_index.recipe-ext" in line and "not on PyPI" in line
+
+
+# --- B4, B5: the URL patch on the host; the lock lists exactly what runs in a container ----
+
+def test_the_url_patch_is_applied_on_the_host_and_impure_is_exact(built: Built) -> None:
+    plan, lock = _plan(built), _lock(built)
+    patch = next(x for x in plan["layers"] if x["name"] == "patch:engine-fix")
+    assert not patch["run"] and not patch["network"]
+    entry = _view(built.layout).get(f"{SITE}/recipe_engine/serve.py")
+    import hashlib
+
+    assert entry is not None and entry.sha256 == hashlib.sha256(
+        b"GREETING = 'patched'\n").hexdigest()
+    runs = {x["name"] for x in plan["layers"] if x["run"] or x["pip_install"] or x["stage"]}
+    listed = {":".join(line.split(":")[:2]) for line in lock["impure"]}
+    assert runs == listed == {"package:recipe-scm-src", "step:recipe-jit-make"}
+    # the source build's stage installs nothing first: it is off the network, and says so
+    stage = next(x for x in plan["layers"] if x["name"] == "package:recipe-scm-src")
+    assert not stage["network"]
+    said = next(line for line in lock["impure"] if line.startswith("package:recipe-scm-src"))
+    assert "off the network" in said and "reach" not in said
+
+
+def test_a_patched_file_that_differs_fails_the_audit(built: Built, tmp_path: Path) -> None:
+    target = f"{SITE}/recipe_engine/serve.py"
+    # the image without the patch's layer: the engine's file is the image's own, unpatched
+    layout = _without_layer(built, tmp_path, lambda names: target in names)
+    code, report = _audit(built, str(layout))
+    assert code == 1
+    hit = [d for d in report["differences"] if d["path"] == "/" + target]
+    assert hit and hit[0]["part"] == "engine-fix", report["differences"]
+
+
+# --- B6, B7: the cubin folder: ignored files, declared archs, the audit's CUDA check --------
+
+def test_a_cubin_folder_whose_files_git_ignores_is_refused(built: Built,
+                                                             tmp_path: Path) -> None:
+    repo = _variant(built, tmp_path)
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / ".git/info/exclude").write_text("*.cubin\n")
+    line = frank("check", cwd=repo).err.strip().splitlines()[-1]
+    assert "parts/recipe-cubins/1.toml" in line and "path" in line
+    assert "probe.cubin would be left out of the image" in line
+
+
+def test_archs_that_cannot_run_on_the_target_are_refused(built: Built, tmp_path: Path) -> None:
+    repo = _variant(built, tmp_path)
+    manifest = repo / "parts/recipe-cubins/1.toml"
+    manifest.write_text(manifest.read_text().replace('archs = ["sm_120"]', 'archs = ["sm_90a"]'))
+    result = frank("check", cwd=repo)
+    assert result.code == 2
+    line = result.err.strip().splitlines()[-1]
+    assert "parts/recipe-cubins/1.toml" in line and "archs" in line
+    assert "runs on the stack's target sm_120" in line
+
+
+def test_a_cubin_for_another_arch_fails_the_audit(built: Built, tmp_path: Path) -> None:
+    from tests.test_audit import rewrite
+
+    layout = _copy_image(built, tmp_path)
+    target = "opt/frank/cubins/recipe/probe.cubin"
+    wrong = (EXAMPLE / "wrong/probe-sm90.cubin").read_bytes()
+    rewrite(layout, target, lambda ms: [(m, wrong if m.name.lstrip("./") == target else d)
+                                        for m, d in ms])
+    code, report = _audit(built, str(layout))
+    assert code == 1
+    arch = [d for d in report["differences"] if d["check"] == "declared arch missing"]
+    assert arch and arch[0]["part"] == "recipe-cubins", report["differences"]
+    assert arch[0]["path"] == "/opt/frank/cubins/recipe"  # the part's folder
+    assert arch[0]["lock"] == "sm_120" and "sm_90" in arch[0]["image"]
+
+
+# --- B8, B9: the make step: up to date in the image; an undeclared change stops the build ---
+
+def test_the_steps_make_output_is_up_to_date_in_the_image(built: Built) -> None:
+    from tests.test_step_fidelity import in_image
+
+    script = ("make -q -C /opt/frank/jit kernel.so; echo first=$?; "
+              "touch /usr/include/recipe/recipe.h; make -q -C /opt/frank/jit kernel.so; "
+              "echo then=$?")
+    ran = in_image(built.layout, "/bin/sh", "-c", script)
+    # up to date as built; and make -q can say otherwise: once the header is newer
+    assert "first=0" in ran.stdout and "then=1" in ran.stdout, (ran.stdout, ran.stderr)
+
+
+def test_a_step_that_changes_an_undeclared_path_stops_the_build(built: Built,
+                                                                 tmp_path: Path) -> None:
+    repo = _variant(built, tmp_path)
+    manifest = repo / "parts/recipe-jit-make/1.toml"
+    manifest.write_text(manifest.read_text().replace(
+        "make -C /opt/frank/jit", "make -C /opt/frank/jit && touch /usr/include/recipe/x.h"))
+    assert frank("lock", STACK, cwd=repo).code == 0
+    line = _one_line(frank("compose", STACK, "--builder", "buildah", "--out",
+                           str(tmp_path / "out"), cwd=repo))
+    assert "step recipe-jit-make changed files outside its outputs" in line
+    assert "/usr/include/recipe/x.h (added)" in line
+
+
+# --- B10: the source build carries the version its commit implies -------------------------
+
+def test_the_source_build_has_the_version_its_commit_implies(built: Built) -> None:
+    from frank.audit.checks import installed_dists
+
+    src = built.repo / "sources/recipe-scm"
+    short = built.world.git("rev-parse", "--short", built.values["SCM_COMMIT"], cwd=src)
+    want = f"0.1.1.dev1+g{short}"
+    locked = next(p for p in _lock(built)["parts"] if p["name"] == "recipe-scm-src")
+    assert locked["verified"] == {"scm_version": want}
+    dists = {d.name: d.version for d in installed_dists(_view(built.layout))}
+    assert dists["recipe-scm"] == want
+
+
+def test_without_scm_version_the_source_build_fails_instead_of_guessing(
+        built: Built, tmp_path: Path) -> None:
+    repo = _variant(built, tmp_path)
+    manifest = repo / "parts/recipe-scm-src/1.toml"
+    manifest.write_text(manifest.read_text().replace("scm_version = true\n", ""))
+    assert frank("lock", STACK, cwd=repo).code == 0
+    failed = frank("compose", STACK, "--builder", "buildah", "--out", str(tmp_path / "out"),
+                   cwd=repo)
+    assert failed.code == 2, failed.err
+    log = (tmp_path / "out" / "build.log").read_text()
+    assert "setuptools-scm was unable to detect version" in log
