@@ -12,7 +12,7 @@ import click
 
 from frank.cli.output import emit_json, json_option
 from frank.fsutil import find_repo_root
-from frank.history.repolock import repo_lock
+from frank.history.repolock import repo_lock, repo_read_lock
 from frank.model.stackfiles import stack_files
 from frank.store import memo
 
@@ -57,7 +57,7 @@ def lock(stacks: tuple[str, ...], check: bool, upgrade: bool, as_json: bool) -> 
     results = []
     stale = False
     mode = "check" if check else ("upgrade" if upgrade else "resolve")
-    for arg in _holding_repo_lock(stacks or all_stacks()):
+    for arg in _holding_repo_lock(stacks or all_stacks(), read_only=check):
         if check:
             want = memo.answer("lock --check", [arg], partial(check_answer, arg))
             path = Path(want["lock_file"])
@@ -84,10 +84,11 @@ def lock(stacks: tuple[str, ...], check: bool, upgrade: bool, as_json: bool) -> 
         raise SystemExit(1)
 
 
-def _holding_repo_lock(args: Iterable[str]) -> Iterator[str]:
+def _holding_repo_lock(args: Iterable[str], *, read_only: bool) -> Iterator[str]:
     """``args``, with the repo lock held until the last one is done: no revert or adopt
-    rewrites a stack between its locking and the lock's writing."""
-    with repo_lock(find_repo_root(Path.cwd())):
+    rewrites a stack between its locking and the lock's writing (a check holds it shared)."""
+    root = find_repo_root(Path.cwd())
+    with repo_read_lock(root) if read_only else repo_lock(root):
         yield from args
 
 

@@ -13,7 +13,7 @@ import click
 from frank.cli.output import emit_json, json_option
 from frank.errors import FrankError
 from frank.history.diff import diff_locks
-from frank.history.repolock import repo_lock
+from frank.history.repolock import repo_lock, repo_read_lock
 from frank.history.revert import apply_revert, plan_revert
 from frank.resolve.project import repo_root_for, stack_path
 
@@ -43,7 +43,8 @@ def revert(part: str | None, stack_arg: str, why: str | None, undo: bool,
     dependents: list[tuple[str, str]] = []
     pylock = pylock_path(path)
     old_closure = pylock.read_bytes() if pylock.is_file() else None  # before it may move
-    with repo_lock(root):  # plan and write in one turn: a concurrent revert waits
+    # plan and write in one turn: a concurrent revert waits (a dry run writes nothing)
+    with repo_read_lock(root) if dry_run else repo_lock(root):
         if undo:
             from frank.history.undo import apply_undo, plan_undo
 

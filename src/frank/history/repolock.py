@@ -54,3 +54,20 @@ def repo_lock(root: Path) -> Iterator[None]:
                   f"(stacks/{JOURNAL})", file=sys.stderr)
         clean_stale(root)
         yield
+
+
+@contextlib.contextmanager
+def repo_read_lock(root: Path) -> Iterator[None]:
+    """For a command that writes nothing (``lock --check``): wait out a writer by holding
+    the stacks lock shared, but never create it (a first check would change the stacks
+    folder, which the kept answer depends on). A change a killed command journaled is
+    finished first, as a writer would."""
+    lock = root / "stacks" / LOCK
+    if (root / "stacks" / JOURNAL).exists():
+        with repo_lock(root):
+            pass
+    if not lock.exists():
+        yield
+        return
+    with held(lock, shared=True):
+        yield

@@ -164,7 +164,8 @@ def plan_revert(stack_file: Path, part: str, root: Path,
 
 
 def lock_text(stack_file: Path, text: str, root: Path, catalog: Catalog, why: str,
-              known: list[dict[str, Any]] | None = None) -> tuple[Lock, bytes | None]:
+              known: list[dict[str, Any]] | None = None,
+              closure_seed: bytes | None = None) -> tuple[Lock, bytes | None]:
     """Lock ``text`` as if it were ``stack_file``'s content, writing only temp files;
     returns the lock and the Python closure's text it names (None without a closure).
 
@@ -173,6 +174,8 @@ def lock_text(stack_file: Path, text: str, root: Path, catalog: Catalog, why: st
     removed under the repo lock. The closure is worked on in a copy of the real pylock:
     reused when the edit leaves it alone, re-resolved (or copied from a sibling asking the
     same) if not; the caller writes it with the stack, or never (a dry run, a refusal).
+    ``closure_seed`` (an undo's earlier closure) stands in for the real pylock, so the text
+    it belonged to gets it back exactly rather than what PyPI resolves to today.
     """
     from frank.resolve.closure import pylock_path
 
@@ -185,7 +188,9 @@ def lock_text(stack_file: Path, text: str, root: Path, catalog: Catalog, why: st
         tmp.write(text)
         tmp.flush()
         copy = Path(cdir) / real.name
-        if real.is_file():
+        if closure_seed is not None:
+            copy.write_bytes(closure_seed)
+        elif real.is_file():
             copy.write_bytes(real.read_bytes())
         try:
             resolved = resolve(Path(tmp.name), root, catalog)
@@ -229,6 +234,8 @@ def stage_stack_change(txn: Transaction, stack_file: Path, text: str, lock: Lock
     txn.write(stack_file, text)
     real = pylock_path(stack_file)
     if closure is not None and (not real.is_file() or real.read_bytes() != closure):
+        if real.is_file():  # kept for `revert --undo`: the index moves on, the undo must not
+            entry["closure_before"] = real.read_text(encoding="utf-8")
         txn.write(real, closure)
     txn.write(lock_path(stack_file), render_lock(lock))
     txn.write(hist, old + json.dumps(entry, sort_keys=True) + "\n")

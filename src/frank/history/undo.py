@@ -92,8 +92,10 @@ def plan_undo(stack_file: Path, root: Path) -> UndoResult:
                          f"{str(entry.get('digest_after'))[:19]}); undo it by hand",
                          file=stack_file)
     text = entry["text_before"]
+    seed = entry.get("closure_before")
     lock, closure = lock_text(stack_file, text, root, catalog, "undo",
-                              known=entry.get("verified_before"))
+                              known=entry.get("verified_before"),
+                              closure_seed=seed.encode() if isinstance(seed, str) else None)
     lock = lock.model_copy(update={"stack": load_stack(stack_file).name})
     if lock.digest != entry.get("digest_before"):
         raise FrankError(f"the stack's earlier text now locks to {lock.digest[:19]}, not the "
