@@ -561,6 +561,21 @@ def build_dockerfile(
             with log.open("a", encoding="utf-8") as note:
                 note.write("frank: the network stays on for this build: this user may not "
                            "make a network namespace (unshare --net)\n")
+    try:
+        return _build_and_export(engine, cmd, prefix, context, log, timeout, tag, out_layout,
+                                 store, source_date_epoch)
+    finally:
+        # what the build left goes now, quietly (the next build would call it a killed
+        # build's): buildah keeps a working container of an earlier stage even on success,
+        # and every one on failure (1.28 takes --force-rm only with --layers); reaping waits
+        # for no other build and removes none of theirs
+        reap_builds(engine.base_args())
+
+
+def _build_and_export(engine: Engine, cmd: list[str], prefix: list[str], context: Path,
+                      log: Path, timeout: float | None, tag: str, out_layout: Path,
+                      store: BlobStore, source_date_epoch: int) -> str:
+    """Run the build, then take its result out of the engine into ``out_layout``."""
     with owned("secrets") as secrets, building(engine):
         for ident, path in build_secrets(secrets).items():
             cmd += ["--secret", f"id={ident},src={path}"]

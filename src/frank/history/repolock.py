@@ -28,13 +28,17 @@ def _stale(name: str) -> bool:
     return is_temp(name) and name not in (LOCK, JOURNAL)
 
 
+def _leftovers(root: Path) -> list[Path]:
+    """Temp files in stacks/ and staged ones in parts/ (stale once the lock is held)."""
+    stacks = root / "stacks"
+    candidates = [p for p in stacks.iterdir() if _stale(p.name)] if stacks.is_dir() else []
+    return candidates + [p for p in (root / "parts").glob("*/.*") if STAGED_MARK in p.name]
+
+
 def clean_stale(root: Path) -> list[Path]:
     """Remove temp files a killed command left in stacks/ (and staged ones in parts/)."""
     gone = []
-    stacks = root / "stacks"
-    candidates = [p for p in stacks.iterdir() if _stale(p.name)] if stacks.is_dir() else []
-    candidates += [p for p in (root / "parts").glob("*/.*") if STAGED_MARK in p.name]
-    for path in candidates:
+    for path in _leftovers(root):
         if path.is_dir() and not path.is_symlink():  # a revert's closure folder
             shutil.rmtree(path, ignore_errors=True)
             gone.append(path)
@@ -61,9 +65,9 @@ def repo_read_lock(root: Path) -> Iterator[None]:
     """For a command that writes nothing (``lock --check``): wait out a writer by holding
     the stacks lock shared, but never create it (a first check would change the stacks
     folder, which the kept answer depends on). A change a killed command journaled is
-    finished first, as a writer would."""
+    finished first, and temp files a killed one left are removed, as a writer would."""
     lock = root / "stacks" / LOCK
-    if (root / "stacks" / JOURNAL).exists():
+    if (root / "stacks" / JOURNAL).exists() or _leftovers(root):
         with repo_lock(root):
             pass
     if not lock.exists():
