@@ -14,12 +14,10 @@ Hub or GitHub.
 from __future__ import annotations
 
 import hashlib
-import http.server
 import io
 import json
 import tarfile
 import textwrap
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,6 +29,7 @@ from frank.build.install import install_wheels
 from frank.build.wheel import build_wheel
 from frank.image.inventory import base_inventory, cached_inventory
 from frank.store.blobs import BlobStore
+from tests.http_helpers import serve_folder
 from tests.oci_helpers import tar_of, write_layout
 from tests.spine_helpers import copy_repo, frank
 from tests.test_hermetic_build import make_package
@@ -100,21 +99,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object
     served.mkdir()
     (served / "fix.patch").write_text(PATCH)
 
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def __init__(self, *a: object, **k: object) -> None:
-            super().__init__(*a, directory=str(served), **k)  # type: ignore[arg-type]
-
-        def log_message(self, *a: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serve_folder(served) as url:
         yield {"layout": layout, "digest": _manifest_digest(layout), "links": links,
-               "patch_url": f"http://127.0.0.1:{server.server_address[1]}/fix.patch"}
-    finally:
-        server.shutdown()
+               "patch_url": f"{url}/fix.patch"}
 
 
 def _part(repo: Path, name: str, body: str) -> None:

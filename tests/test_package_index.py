@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import http.server
 import json
-import threading
 import urllib.parse
 import zipfile
 from collections.abc import Iterator
@@ -21,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.http_helpers import serve_folder
 from tests.spine_helpers import Result, frank
 
 NAME = "tinyext"
@@ -73,21 +72,9 @@ def index(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Index]:
         page.write_text(f'<html><body><a href="{href}">{wheel.name}</a></body></html>\n')
     asked: list[str] = []
 
-    class Handler(http.server.SimpleHTTPRequestHandler):
-        def __init__(self, *a: object, **k: object) -> None:
-            super().__init__(*a, directory=str(root), **k)  # type: ignore[arg-type]
-
-        def log_message(self, *args: object) -> None:
-            asked.append(self.path)
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield Index(f"http://127.0.0.1:{server.server_address[1]}/simple",
-                    hashlib.sha256(wheels[NAME].read_bytes()).hexdigest(), wheels[NAME], asked)
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_folder(root, asked) as url:
+        yield Index(f"{url}/simple", hashlib.sha256(wheels[NAME].read_bytes()).hexdigest(),
+                    wheels[NAME], asked)
 
 
 @pytest.fixture(autouse=True)

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import hashlib
-import http.server
 import json
 import subprocess
-import threading
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.http_helpers import serve_folder
 from tests.image.conftest import start_registry, stop
 from tests.spine_helpers import frank
 
@@ -100,20 +99,8 @@ def local_index(tmp_path: Path) -> Iterator[tuple[str, str]]:
                     '<a href="../../files/exllamav3-1.6.4-py3-none-any.whl#sha256='
                     + "0" * 64 + '">old</a>\n')
 
-    class Handler(http.server.SimpleHTTPRequestHandler):
-        def __init__(self, *a: object, **k: object) -> None:
-            super().__init__(*a, directory=str(root), **k)  # type: ignore[arg-type]
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/simple", sha
-    finally:
-        server.shutdown()
+    with serve_folder(root) as url:
+        yield f"{url}/simple", sha
 
 
 def test_pin_package_wheel_from_local_index(repo: Path, local_index: tuple[str, str]) -> None:
