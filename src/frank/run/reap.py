@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from frank.store.flock import opened, try_exclusive
+from frank.store.tmpdirs import mount_points
 
 NAME = re.compile(r"frank-run-[0-9a-f]{12}")
 
@@ -107,11 +108,10 @@ def _unmount_idle_storage(engine_args: list[str]) -> list[str]:
     driver = engine_args[engine_args.index("--storage-driver") + 1] \
         if "--storage-driver" in engine_args else "vfs"
     top = str(root / driver)
-    with contextlib.suppress(OSError):
-        points = [ln.split()[1] for ln in Path("/proc/self/mounts").read_text().splitlines()]
-        idle = top in points and not any(p.startswith(top + "/") for p in points)
-        if idle and subprocess.run(["umount", top], capture_output=True).returncode == 0:
-            return [f"{top}, the mount an engine storage kept"]
+    points = mount_points()
+    idle = top in points and not any(p.startswith(top + "/") for p in points)
+    if idle and subprocess.run(["umount", top], capture_output=True).returncode == 0:
+        return [f"{top}, the mount an engine storage kept"]
     return []
 
 

@@ -25,6 +25,8 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+from frank.store.flock import try_exclusive
+
 TMP = Path("/tmp")
 _OWNED = re.compile(r"frank-[a-z]+-p(\d+)-[0-9a-f]{12}")
 _SHARED = re.compile(r"frank-oci-[0-9a-f]{24}")
@@ -79,14 +81,19 @@ def alive(pid: int) -> bool:
     return True
 
 
-def unmount_under(top: Path) -> None:
-    """Unmount whatever is mounted at or below ``top``, deepest first."""
+def mount_points() -> list[str]:
+    """Every mount point this process sees (none when /proc cannot be read)."""
     try:
         lines = Path("/proc/self/mounts").read_text().splitlines()
     except OSError:
-        return
+        return []
+    return [ln.split()[1].replace("\\040", " ") for ln in lines if len(ln.split()) > 1]
+
+
+def unmount_under(top: Path) -> None:
+    """Unmount whatever is mounted at or below ``top``, deepest first."""
     here = str(top)
-    points = [ln.split()[1].replace("\\040", " ") for ln in lines if len(ln.split()) > 1]
+    points = mount_points()
     for point in sorted((p for p in points if p == here or p.startswith(here + "/")),
                         key=len, reverse=True):
         subprocess.run(["umount", point], capture_output=True, check=False)
@@ -100,9 +107,7 @@ def _taken(path: Path) -> Iterator[bool]:
     except OSError:
         yield False
         return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    if not try_exclusive(fd):
         os.close(fd)
         yield False
         return
