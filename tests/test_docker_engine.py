@@ -41,8 +41,9 @@ STACK = "stacks/docker-cpu.toml"
 TAMPERED = "TAMPERED"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def docker_host() -> Iterator[str]:
+    """A daemon of this module: its data root (2.2 GB of served-cpu) goes when it ends."""
     why = why_not()
     if why:
         pytest.skip(why)

@@ -804,6 +804,75 @@ def test_gc_removes_what_killed_runs_and_builds_left_and_only_that(
     assert alive_mount not in _mounts() and not alive_view.exists()
 
 
+def _names(base: list[str]) -> list[str]:
+    out = subprocess.run([*base, "images", "--format", "{{.Name}}"], capture_output=True,
+                         text=True).stdout.split()
+    return sorted(set(out))
+
+
+def _scratch_image(base: list[str], label: str, name: str) -> None:
+    """A tiny image nothing references (a label makes each one distinct), named ``name``."""
+    ctr = ok(subprocess.run([*base, "from", "--quiet", "scratch"], capture_output=True,
+                            text=True)).stdout.strip()
+    ok(subprocess.run([*base, "config", "--label", f"frank.test={label}", ctr],
+                      capture_output=True, text=True))
+    ok(subprocess.run([*base, "commit", "--quiet", ctr, name], capture_output=True, text=True))
+    ok(subprocess.run([*base, "rm", ctr], capture_output=True, text=True))
+
+
+@pytest.mark.slow
+@needs_buildah
+def test_gc_gives_back_engine_images_nothing_keeps(smoke: dict[str, Path]) -> None:
+    """`frank run` keeps each image it ran in frank's engine storage (2.2 GB for served-cpu);
+    `frank gc` removes those nothing keeps: an image with no name of a run, and a run's
+    image once its run is older than --keep-days and no out/ image is it. The image of
+    out/'s stack stays even when its run is old, without the name a finished process gave
+    it; an image a container uses stays (rmi is never forced)."""
+    import time
+
+    def run(*extra: str) -> subprocess.CompletedProcess[str]:
+        return frank("run", "stacks/smoke-cpu.toml", "--engine", "buildah", "--hub-cache",
+                     str(smoke["hub"]), *extra, "--", "--help", cwd=smoke["repo"],
+                     cache=smoke["cache"])
+
+    ok(run())
+    plan = json.loads(ok(run("--print", "--json")).stdout)
+    base, served = plan["engine_args"], f"localhost{plan['link']}"
+    finished = "localhost/tmp/frank-oci-p999999-0123456789ab/image"
+    ok(subprocess.run([*base, "tag", served, finished], capture_output=True, text=True))
+    old_run = f"localhost/tmp/frank-oci-{'0' * 24}/image"
+    recent_run = f"localhost/tmp/frank-oci-{'1' * 24}/image"
+    stray, used = "localhost/frank-test-stray", "localhost/frank-test-used"
+    _scratch_image(base, "old", old_run)
+    _scratch_image(base, "recent", recent_run)
+    _scratch_image(base, "stray", stray)
+    _scratch_image(base, "used", used)
+    runs = smoke["cache"] / "run-cache"
+    (runs / ("1" * 24)).mkdir(parents=True, exist_ok=True)
+    holder = ok(subprocess.run([*base, "from", "--quiet", "--pull=false", "--name",
+                                "frank-test-holder", used], capture_output=True,
+                               text=True)).stdout.strip()
+    try:
+        done = json.loads(ok(frank("gc", "--json", cwd=smoke["repo"],
+                                   cache=smoke["cache"])).stdout)
+        left = _names(base)
+        assert served in left and recent_run in left and used in left
+        assert old_run not in left and stray not in left and finished not in left
+        assert done["removed"]["engine images"] == 2 and done["freed"] > 0
+        week_ago = time.time() - 7 * 86400
+        for folder in runs.iterdir():
+            os.utime(folder, (week_ago, week_ago))
+        ok(frank("gc", "--keep-days", "1", cwd=smoke["repo"], cache=smoke["cache"]))
+        left = _names(base)
+        assert served in left  # out/ holds it
+        assert recent_run not in left and used in left
+    finally:
+        subprocess.run([*base, "rm", holder], capture_output=True)
+    ok(frank("gc", "--keep-days", "1", cwd=smoke["repo"], cache=smoke["cache"]))
+    assert used not in _names(base)
+    ok(run())  # the next run imports what gc took, if anything
+
+
 def _wait_for(done: Callable[[], bool], timeout: float = 120) -> None:
     import time
 

@@ -24,6 +24,7 @@ read-only at a fixed path and the launcher is pointed at it, offline.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import uuid
@@ -223,6 +224,7 @@ def plan(image: VerifiedImage, lock: dict[str, Any], engine: Engine, *, w: Weigh
     run_cache = engine.root.parent.parent / "run-cache" / image.digest.split(":")[1][:24]
     for sub in ("pycache", "vllm"):
         (run_cache / sub).mkdir(parents=True, exist_ok=True)
+    os.utime(run_cache)  # when this image last ran: ``frank gc`` keeps its import that long
     defaults = {"PYTHONPYCACHEPREFIX": PYCACHE_IN_CONTAINER}
     if "VLLM_CACHE_ROOT" not in (lock.get("env") or {}):  # the stack's own choice wins
         defaults["VLLM_CACHE_ROOT"] = VLLM_CACHE_IN_CONTAINER

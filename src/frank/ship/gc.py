@@ -5,7 +5,8 @@ ever (a served variant is about 14 GB). Kept: every blob a committed lock, pyloc
 lock names (their sha256 are the blobs' names), every blob of an image in ``out/`` and of a
 recorded push (manifests followed to their configs and layers), the base each [debs] image
 file makes now, and anything changed within ``keep_days``. The rest goes, with the index
-records and stamps of the blobs that go.
+records and stamps of the blobs that go, and the images frank imported into its engine
+storages that nothing keeps (``ship.gcimages``: a run's image stays while its run is recent).
 
 Safe against a concurrent compose: every process that uses the store holds its
 ``users.lock`` shared for its life (``store.blobs``); gc takes it exclusively, so it waits
@@ -22,7 +23,7 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -119,20 +120,46 @@ def current_bases(root: Path) -> set[str]:
     return keys
 
 
-def reap_all(store_root: Path, *, dry_run: bool = False) -> list[str]:
-    """Remove what killed runs and builds left (``run.reap.leftovers``) in each engine
-    storage of the cache and in /tmp, mounts included (``dry_run``: only name them)."""
+def storages(store_root: Path) -> list[list[str]]:
+    """The engine argv (``--root`` and the rest) of each engine storage in the cache."""
     from frank.build.engines import _runroot
-    from frank.run.reap import leftovers
 
-    storages = []
+    found = []
     for root in sorted((store_root / "containers").glob("*")):
         name, _, driver = root.name.partition("-")
         exe = shutil.which(name)
         if name in ("buildah", "podman") and exe is not None and root.is_dir():
-            storages.append([exe, "--root", str(root), "--runroot", str(_runroot(root)),
-                             "--storage-driver", driver or "vfs"])
-    return leftovers(storages, dry_run=dry_run, storage_mounts=True)
+            found.append([exe, "--root", str(root), "--runroot", str(_runroot(root)),
+                          "--storage-driver", driver or "vfs"])
+    return found
+
+
+def reap_all(store_root: Path, *, dry_run: bool = False) -> list[str]:
+    """Remove what killed runs and builds left (``run.reap.leftovers``) in each engine
+    storage of the cache and in /tmp, mounts included (``dry_run``: only name them)."""
+    from frank.run.reap import leftovers
+
+    return leftovers(storages(store_root), dry_run=dry_run, storage_mounts=True)
+
+
+def engine_images(store_root: Path, referenced: set[str], recent_run: Callable[[str], bool],
+                  done: Collected, *, dry_run: bool) -> None:
+    """Give back the engine storages' images nothing keeps (``ship.gcimages``)."""
+    from frank.ship import gcimages
+
+    for args in storages(store_root):
+        root = Path(args[args.index("--root") + 1])
+        gone, untag = gcimages.plan(gcimages.listed(args), referenced=referenced,
+                                    recent_run=recent_run)
+        if dry_run:
+            for img in gone:
+                done.note("engine images", img.size)
+            continue
+        before = _size(root)
+        removed = gcimages.remove(args, gone, untag)
+        done.freed += max(0, before - _size(root))  # shared layers counted once
+        if removed:
+            done.removed["engine images"] = done.removed.get("engine images", 0) + len(removed)
 
 
 @contextlib.contextmanager
@@ -197,4 +224,10 @@ def collect(store_root: Path, root: Path, *, keep_days: float, dry_run: bool = F
             for entry in sorted((store_root / name).glob("*")):
                 if old(entry) and not entry.name.endswith(".lock"):
                     drop(entry, name)
+
+        def recent_run(digest24: str) -> bool:
+            folder = store_root / "run-cache" / digest24
+            return folder.exists() and not old(folder)
+
+        engine_images(store_root, keep | bases, recent_run, done, dry_run=dry_run)
     return done

@@ -354,6 +354,15 @@ def _join_users(root: Path, tmp_dir: Path) -> None:
     _USERS[key] = fd
 
 
+def leave_users(root: Path) -> None:
+    """Give up this process's shared hold on ``root``'s ``users.lock`` (taken again by its
+    next use of the store), so that a gc can have the store: for a process that outlives
+    many commands (the test suite between its modules)."""
+    fd = _USERS.pop(root.resolve(), None)
+    if fd is not None:
+        os.close(fd)
+
+
 class BlobWriter(_HashingWriter):
     """The object ``BlobStore.writer`` yields; ``digest`` is set once the block exits."""
 
