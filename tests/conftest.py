@@ -6,6 +6,7 @@ import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,13 +29,34 @@ def _answer_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     this test session, not the user's cache; every test still goes through them. The store
     (FRANK_CACHE) is the repo's own test cache unless the caller names one (CI does): kept
     between runs, so a second run builds nothing again, and never the user's ~/.cache/frank."""
-    os.environ.setdefault("FRANK_CACHE_DIR",
-                          str(disk.session_dir(tmp_path_factory, "frank-cache")))
+    os.environ.setdefault("FRANK_CACHE_DIR", str(tmp_path_factory.mktemp("frank-cache")))
     os.environ.setdefault("FRANK_CACHE", str(TEST_CACHE))
     # Commands under test say only their own words: with a cold cache a step of theirs runs
     # long enough for a progress line (frank.image.progress, tested on its own), which tests
     # that count an error's lines would take for a second line.
     os.environ.setdefault("FRANK_PROGRESS_AFTER", "3600")
+
+
+class _SessionDirs:
+    """Notes the folders a session (or package) fixture makes: kept for the whole run. A
+    plugin of its own, not a conftest hook: pytest asks a session fixture's hooks of the
+    plugins at the root only, where this folder's conftest does not apply."""
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_fixture_setup(self, fixturedef: pytest.FixtureDef[Any],
+                             request: pytest.FixtureRequest) -> Iterator[Any]:
+        if fixturedef.scope not in ("session", "package"):
+            return (yield)
+        base = request.config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]
+        before = {p.name for p in base.iterdir()}
+        try:
+            return (yield)
+        finally:
+            disk.keep_for_session(p.name for p in base.iterdir() if p.name not in before)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(_SessionDirs(), "frank-session-dirs")
 
 
 @pytest.fixture(autouse=True, scope="module")

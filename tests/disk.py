@@ -2,18 +2,18 @@
 filled it (the served-cpu image is 2.2 GB as layer blobs, again in the engine storage that
 runs it, again in Docker's; about 35 GB over a whole run when nothing was freed).
 
-``session_dir`` makes a folder a session fixture keeps for the whole run; every other folder
-a module's fixtures make goes when the module ends (``conftest._give_disk_back``), and so
-does whatever of the test store nothing in the repo references (``frank gc``).
+The folders session fixtures make are kept for the whole run (``conftest`` notes them as each
+one is set up); every other folder a module's fixtures make goes when the module ends
+(``conftest._give_disk_back``), and so does whatever of the test store nothing in the repo
+references (``frank gc``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
-
-import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 _SESSION: set[str] = set()
@@ -22,11 +22,9 @@ _SESSION: set[str] = set()
 GC_AFTER_BYTES = 500 * 10**6
 
 
-def session_dir(factory: pytest.TempPathFactory, name: str) -> Path:
-    """``factory.mktemp(name)``, kept until the session ends."""
-    path = factory.mktemp(name)
-    _SESSION.add(path.name)
-    return path
+def keep_for_session(names: Iterable[str]) -> None:
+    """Folders of the base temp a session fixture made: never removed by a module."""
+    _SESSION.update(names)
 
 
 def module_dirs(base: Path, before: set[str]) -> list[Path]:
@@ -41,6 +39,9 @@ def remove(path: Path) -> None:
     """Remove ``path``, unmounting first what an engine left mounted below it."""
     from frank.store.tmpdirs import unmount_under
 
+    if path.is_symlink():  # pytest's ``<name>current`` link to the newest of a name
+        path.unlink(missing_ok=True)
+        return
     with contextlib.suppress(OSError):
         unmount_under(path)
     shutil.rmtree(path, ignore_errors=True)
