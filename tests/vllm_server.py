@@ -40,7 +40,6 @@ if str(TESTS) not in sys.path:
 from fixtures.tiny_model import build_tiny_model  # noqa: E402
 
 from frank.run.procs import group_members  # noqa: E402
-from tests.disk import session_dir  # noqa: E402
 
 SERVED_NAME = "tiny"
 # Env prefixes that must not leak from the caller into a test server.
@@ -318,7 +317,7 @@ def reference_ids(model_dir: Path, cases: list[dict[str, Any]]) -> list[list[int
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny llama model + tokenizer with chat template, built once per session."""
-    return build_tiny_model(session_dir(tmp_path_factory, "tiny-model"))
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
 
 
 @pytest.fixture(scope="session")
@@ -333,7 +332,7 @@ def vllm_server(
     ensure_plugin_current()
     server = start_vllm_server(
         tiny_model_dir,
-        session_dir(tmp_path_factory, "vllm-server"),
+        tmp_path_factory.mktemp("vllm-server"),
         plugins="region_cache",
     )
     yield server
