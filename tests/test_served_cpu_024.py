@@ -45,6 +45,7 @@ import pytest
 
 from tests.fixtures.local_hub import publish
 from tests.fixtures.tiny_model import build_tiny_model
+from tests.spine_helpers import copy_repo
 from tests.test_region_cache_vllm import CHAT_CASES, LONG_SYSTEM, PROMPT_CASES
 from tests.test_served_cpu import engine_pid
 from tests.vllm_server import reference_ids, vllm_missing_reason
@@ -68,18 +69,24 @@ def in_root(pid: int, path: str) -> Path:
     return Path(f"/proc/{pid}/root") / path.lstrip("/")
 
 
-def _cli(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "frank", *args], cwd=REPO, text=True,
+def _cli(*args: str, cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "frank", *args], cwd=cwd, text=True,
                           capture_output=True, timeout=timeout,
                           env={**os.environ, "COLUMNS": "200"})
 
 
 @pytest.fixture(scope="module")
-def built() -> dict[str, Any]:
-    """compose the stack in this checkout (a no-op when out/served-cpu-024 is current: the
-    image is 5 GB, so it is not built again in a copy)."""
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the repo: the 5 GB image goes to its out/ and, with the module, away (the
+    checkout's own out/ is the developer's; an image there would keep its blobs from gc)."""
+    return copy_repo(tmp_path_factory.mktemp("served-cpu-024") / "repo")
+
+
+@pytest.fixture(scope="module")
+def built(root: Path) -> dict[str, Any]:
+    """compose the stack in the copy."""
     t0 = time.monotonic()
-    out = _cli("compose", STACK, "--json", timeout=3600)
+    out = _cli("compose", STACK, "--json", cwd=root, timeout=3600)
     if out.returncode != 0 and "cannot fetch" in out.stderr:
         line = next(x for x in out.stderr.splitlines() if "cannot fetch" in x)
         pytest.skip(f"the image's pinned inputs cannot be fetched: {line.strip()[:200]}")
@@ -137,7 +144,7 @@ class Engine:
 
 
 @pytest.fixture(scope="module")
-def served(built: dict[str, Any], hub: Path,
+def served(built: dict[str, Any], hub: Path, root: Path,
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     log = tmp_path_factory.mktemp("served-cpu-024-run") / "run.log"
     t0 = time.monotonic()
@@ -145,7 +152,7 @@ def served(built: dict[str, Any], hub: Path,
         proc = subprocess.Popen(
             [sys.executable, "-m", "frank", "run", STACK, "--hub-cache", str(hub),
              "--env", "FRANK_REGION_CACHE_VERIFY=1", "--env", f"FRANK_REGION_CACHE_STATS={STATS}",
-             "--wait-ready", "900"], cwd=REPO, stdout=handle, stderr=subprocess.STDOUT, text=True)
+             "--wait-ready", "900"], cwd=root, stdout=handle, stderr=subprocess.STDOUT, text=True)
     engine: Engine | None = None
     try:
         while time.monotonic() - t0 < 960:
