@@ -163,6 +163,10 @@ def reap_runroots(top: Path = Path("/tmp"), *, dry_run: bool = False) -> list[Pa
         if tag is None or hashlib.sha256(str(root).encode()).hexdigest()[:12] != tag[1] \
                 or not _abandoned(root, mark):
             continue
+        if not root.exists() and all(p.name == _STORAGE_MARK for p in runroot.iterdir()):
+            # a storage never made (an engine's argv worked out, never used): nothing to
+            # clean, and it would be marked again by the next command, then "removed" again
+            continue
         gone.append(runroot)
         if dry_run:
             continue
