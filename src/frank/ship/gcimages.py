@@ -71,25 +71,23 @@ def run_digest(name: str) -> str | None:
 
 
 def plan(images: list[EngineImage], *, referenced: set[str],
-         recent_run: Callable[[str], bool]) -> tuple[list[EngineImage], dict[str, list[str]]]:
+         recent_run: Callable[[str], bool]) -> tuple[list[EngineImage], list[str]]:
     """What goes: whole images, and the names dropped from images that stay."""
     gone: list[EngineImage] = []
-    untag: dict[str, list[str]] = {}
+    untag: list[str] = []
     for img in images:
         keep_names = [n for n in img.names
                       if (d := run_digest(n)) is not None and recent_run(d)]
         if img.digest in referenced or keep_names:
-            extra = [n for n in img.names if n not in keep_names
-                     and "/frank-oci-p" in n]  # a finished process's own view name
-            if extra:
-                untag[img.id] = extra
+            untag += [n for n in img.names if n not in keep_names
+                      and "/frank-oci-p" in n]  # a finished process's own view name
             continue
         gone.append(img)
     return gone, untag
 
 
 def remove(engine_args: list[str], gone: list[EngineImage],
-           untag: dict[str, list[str]]) -> list[EngineImage]:
+           untag: list[str]) -> list[EngineImage]:
     """Remove ``gone`` (by name, then by id; never forced) and drop ``untag``'s names; the
     images actually removed."""
     removed = []
@@ -98,7 +96,6 @@ def remove(engine_args: list[str], gone: list[EngineImage],
         if subprocess.run([*engine_args, "rmi", *refs], capture_output=True,
                           check=False).returncode == 0:
             removed.append(img)
-    for names in untag.values():
-        for name in names:
-            subprocess.run([*engine_args, "rmi", name], capture_output=True, check=False)
+    for name in untag:
+        subprocess.run([*engine_args, "rmi", name], capture_output=True, check=False)
     return removed
