@@ -133,12 +133,14 @@ ABANDONED_AFTER_S = 600  # a storage root without its layer records for this lon
 
 
 def _abandoned(root: Path, mark: Path) -> bool:
-    """Whether the engine storage at ``root`` is gone: deleted, or deleted but for what
+    """Whether the engine storage at ``root`` is gone: deleted after use, or deleted but for what
     stayed mounted (no layer records left) for ``ABANDONED_AFTER_S``."""
     import time
 
     if not root.exists():
-        return True
+        # unless it was never made (an engine's argv worked out, never used: the run root
+        # holds only the mark, which the next command would write again)
+        return any(p != mark for p in mark.parent.iterdir())
     if any(root.glob("*-layers")):
         return False
     with contextlib.suppress(OSError):
@@ -162,10 +164,6 @@ def reap_runroots(top: Path = Path("/tmp"), *, dry_run: bool = False) -> list[Pa
             continue  # not one frank marked: not ours to judge
         if tag is None or hashlib.sha256(str(root).encode()).hexdigest()[:12] != tag[1] \
                 or not _abandoned(root, mark):
-            continue
-        if not root.exists() and all(p.name == _STORAGE_MARK for p in runroot.iterdir()):
-            # a storage never made (an engine's argv worked out, never used): nothing to
-            # clean, and it would be marked again by the next command, then "removed" again
             continue
         gone.append(runroot)
         if dry_run:
