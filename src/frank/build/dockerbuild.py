@@ -178,7 +178,8 @@ def read_export(chunks: Iterable[bytes], image_id: str, store: BlobStore,
                 what: str) -> tuple[str, list[str]]:
     """The config digest and layer digests of one image in a ``docker save`` stream, every
     blob hashed into the store as it is read. Nothing of the daemon is believed: the config
-    must hash to ``image_id`` (the id the daemon reports for the image) and each layer to its
+    must hash to ``image_id`` (the id the daemon reports for the image; or the manifest must,
+    which names that config, as the containerd image store's ids are) and each layer to its
     diff_id in that config."""
     blobs: dict[str, str] = {}
     links: dict[str, str] = {}
@@ -195,8 +196,8 @@ def read_export(chunks: Iterable[bytes], image_id: str, store: BlobStore,
                     continue
                 if m.name == "manifest.json":
                     manifest = json.loads(f.read(1 << 24))
-                elif m.name.endswith("/layer.tar") or ("/" not in m.name
-                                                       and m.name.endswith(".json")):
+                elif m.name.endswith("/layer.tar") or m.name.startswith("blobs/") or \
+                        ("/" not in m.name and m.name.endswith(".json")):  # (Docker >= 25)
                     with store.writer() as w:
                         while chunk := f.read(_CHUNK):
                             w.write(chunk)
@@ -213,7 +214,7 @@ def read_export(chunks: Iterable[bytes], image_id: str, store: BlobStore,
         return digest
 
     config = named(manifest[0].get("Config"))
-    if config != image_id:
+    if config != image_id and not _names_config(store, blobs, image_id, config):
         raise FrankError(f"{what}: the config the Docker daemon exported hashes to {config}, "
                          f"not the id it reports for the image ({image_id})")
     layers = [named(x) for x in manifest[0].get("Layers") or []]
@@ -226,6 +227,18 @@ def read_export(chunks: Iterable[bytes], image_id: str, store: BlobStore,
         raise FrankError(f"{what}: the Docker daemon exported {len(layers)} layers, its "
                          f"config lists {len(diff_ids or [])}")
     return config, layers
+
+
+def _names_config(store: BlobStore, blobs: dict[str, str], digest: str, config: str) -> bool:
+    """Whether ``digest`` is a manifest read from the export whose config is ``config``."""
+    if digest not in blobs.values():
+        return False
+    try:
+        doc = json.loads(store.read_bytes(digest))
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and isinstance(doc.get("config"), dict) \
+        and doc["config"].get("digest") == config
 
 
 def stamped_layer(store: BlobStore, digest: str, stamp: int) -> dict[str, Any]:
