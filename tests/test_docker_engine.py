@@ -7,7 +7,8 @@ request on the container; and served-cpu, built by frank, runs under `frank run 
 docker` end to end: a chat completion with the patch's header, then SIGTERM, a clean exit
 and no container left. `--builder docker` builds a post-install step offline with the legacy
 builder, twice from empty daemon storage to one digest, refuses a step that needs the network
-up front, and refuses an export whose bytes are not the image the daemon named. Slow: one
+up front, and refuses an export whose bytes are not the image the daemon named (and a base
+edited in the daemon's storage, loaded anew by the next build). Slow: one
 daemon start (a few seconds), one compose of served-cpu
 (its layers come from the session's cache when test_served_cpu built them first), one load
 and one engine start; the whole file took 337 s on the shared 2-core machine under a load
@@ -273,7 +274,8 @@ def test_builder_docker_builds_an_offline_step_reproducibly(
     """The post-install step of tests/test_issue31_recipes.py, built by the daemon's legacy
     builder: its layer holds what the step made, offline, every file at the step's stamp. The
     same step built again, from empty daemon storage and with the step run again, is the same
-    image; so is the build that takes the step's kept outputs instead of running it."""
+    image; so is the build that takes the step's kept outputs instead of running it, once a
+    base edited in the daemon's storage has been refused and loaded again."""
     import shutil
     import uuid
 
@@ -314,9 +316,20 @@ def test_builder_docker_builds_an_offline_step_reproducibly(
     again, log = _compose_step(repo, tmp_path / "out2")
     assert "not run again" not in log and "Step 1/" in log
     assert again == first
+    # a base edited in the daemon's storage (a build reuses the daemon's copy) is caught when
+    # the result is read back; that copy goes, so the next build loads the pinned one again
+    [edited] = (Path(docker_host.removeprefix("unix://")).parent / "root").glob(
+        "overlay2/*/diff/etc/debian_version")
+    edited.write_bytes(bytes([edited.read_bytes()[0] ^ 1]) + edited.read_bytes()[1:])
+    refused = frank("compose", "stacks/docker-step.toml", "--builder", "docker", "--out",
+                    str(tmp_path / "out3"), cwd=repo)
+    assert refused.code == 2 and len(refused.err.strip().splitlines()) == 1, refused.err
+    assert 'file integrity checksum failed for "etc/debian_version"' in refused.err
+    assert "the daemon's copy of the base goes too: build again" in refused.err
+    assert not (tmp_path / "out3/image").exists()
     # and with the step's outputs kept: the same image (the daemon's own hash of what a
     # COPY took, which differs for a stage and the context, is left out of the history)
-    kept_too, log = _compose_step(repo, tmp_path / "out3")
+    kept_too, log = _compose_step(repo, tmp_path / "out4")
     assert "its stage's outputs were kept" in log
     assert kept_too == first
 

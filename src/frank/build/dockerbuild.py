@@ -12,7 +12,8 @@ real file times, container and parent ids and build times into what it commits: 
 goes to the daemon as a tar that says nothing of this host (``context_tar``); the image is
 read back (``docker save``), every blob hashed into the store on the way and checked: the
 config against the id the daemon reports, each layer against the config's diff_ids, the
-first layers against the pinned base (``read_export``); then the layers the build added get
+first layers against the pinned base (``read_export``; the daemon's copy of the base, which
+builds reuse, goes when that fails, so an edited one is loaded anew); then the layers the build added get
 every file time set to the step's stamp, and the config keeps only what the Dockerfile
 declared, with the stamp as every time the build added (``canonical_config``).
 """
@@ -300,6 +301,7 @@ def build_image(context: Path, dockerfile: Path, out_layout: Path, *, base_layou
     tag = f"frank-build-{uuid.uuid4().hex[:12]}"
     made: list[str] = []
     base_id = ""
+    drop_base = False
     try:
         base = load_layout(c, base_layout, f"frank-base-{base_digest.split(':')[1][:16]}:latest",
                            base_digest)
@@ -308,7 +310,14 @@ def build_image(context: Path, dockerfile: Path, out_layout: Path, *, base_layou
               timeout=timeout, made=made)
         what = f"docker build of {context}"
         image_id = str(c.api.inspect_image(tag)["Id"])  # type: ignore[no-untyped-call]
-        config, layers = read_export(c.api.get_image(tag), image_id, store, what)
+        try:
+            config, layers = read_export(c.api.get_image(tag), image_id, store, what)
+        except FrankError as exc:
+            # the daemon's copy of the base is one thing that makes it (an edited file:
+            # "file integrity checksum failed"), and a build reuses it: the next loads it anew
+            drop_base = True
+            exc.message += "; the daemon's copy of the base goes too: build again to load it"
+            raise
         _, _, base_manifest = resolve_manifest(base_layout, base_digest)
         base_config = json.loads(read_layout_blob(base_layout, base_manifest["config"]["digest"],
                                                   "config"))
@@ -330,4 +339,7 @@ def build_image(context: Path, dockerfile: Path, out_layout: Path, *, base_layou
                 continue
             with contextlib.suppress(APIError):
                 c.api.remove_image(ref, force=ref == tag)
+        if drop_base:  # (once nothing of this build sits on it)
+            with contextlib.suppress(APIError):
+                c.api.remove_image(f"sha256:{base_id}", force=True)
         c.close()
