@@ -13,8 +13,8 @@ daemon start (a few seconds), one compose of served-cpu
 (its layers come from the session's cache when test_served_cpu built them first), one load
 and one engine start; the whole file took 337 s on the shared 2-core machine under a load
 average of about 12 (2026-12-02), less on a quiet one; 365 s on 2026-12-03 (load about 4, a
-cold cache), of which the three `--builder docker` tests 75 s (three builds of the step; 29 s
-with the daemon's start on their own when the machine was quieter).
+cold cache), of which the three `--builder docker` tests 75 s (then three builds of the step;
+four since, one refused: 70 s on their own with the daemon's start, load about 4).
 """
 
 from __future__ import annotations
