@@ -5,10 +5,16 @@ as its id (a layout whose config lies about a layer's diff_id is refused by the 
 a blob changed after the manifest was read stops the stream); the lock's GPUs become a device
 request on the container; and served-cpu, built by frank, runs under `frank run --engine
 docker` end to end: a chat completion with the patch's header, then SIGTERM, a clean exit
-and no container left. Slow: one daemon start (a few seconds), one compose of served-cpu
+and no container left. `--builder docker` builds a post-install step offline with the legacy
+builder, twice from empty daemon storage to one digest, refuses a step that needs the network
+up front, and refuses an export whose bytes are not the image the daemon named (and a base
+edited in the daemon's storage, loaded anew by the next build). Slow: one
+daemon start (a few seconds), one compose of served-cpu
 (its layers come from the session's cache when test_served_cpu built them first), one load
 and one engine start; the whole file took 337 s on the shared 2-core machine under a load
-average of about 12 (2026-12-02), less on a quiet one.
+average of about 12 (2026-12-02), less on a quiet one; 365 s on 2026-12-03 (load about 4, a
+cold cache), of which the three `--builder docker` tests 75 s (then three builds of the step;
+four since, one refused: 70 s on their own with the daemon's start, load about 4).
 """
 
 from __future__ import annotations
@@ -249,24 +255,146 @@ def test_served_cpu_runs_under_docker_end_to_end(served_repo: tuple[Path, int, P
     assert client.containers.list(all=True, filters={"label": "dev.frank.image"}) == []
 
 
-def test_builder_docker_without_buildkit_says_so_before_any_work(
-        docker_host: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Debian's docker.io has the legacy builder only, which has no --secret."""
-    import shutil
+# ----------------------------------------------------------------------------------------------
+# --builder docker: offline steps through the legacy builder
 
+
+def _compose_step(repo: Path, out: Path) -> tuple[str, str]:
+    """`frank compose` of the step stack with --builder docker: (image digest, build log)."""
+    from frank.image.oci import layout_manifests
+
+    done = frank("compose", "stacks/docker-step.toml", "--builder", "docker", "--out", str(out),
+                 cwd=repo)
+    assert done.code == 0, done.err
+    return str(layout_manifests(out / "image")[0]["digest"]), (out / "build.log").read_text()
+
+
+def test_builder_docker_builds_an_offline_step_reproducibly(
+        docker_host: str, client: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The post-install step of tests/test_issue31_recipes.py, built by the daemon's legacy
+    builder: its layer holds what the step made, offline, every file at the step's stamp. The
+    same step built again, from empty daemon storage and with the step run again, is the same
+    image; so is the build that takes the step's kept outputs instead of running it, once a
+    base edited in the daemon's storage has been refused and loaded again."""
+    import shutil
+    import uuid
+
+    from frank.store.blobs import BlobStore
+    from tests.test_issue31_recipes import GEN, gen_step, layer_files
+
+    monkeypatch.setenv("DOCKER_HOST", docker_host)
+    repo = copy_repo(tmp_path / "repo")
+    # a key of this run's own: no outputs kept by another test's build of the same step
+    gen_step(repo, "docker-step", GEN + f"# {uuid.uuid4().hex}\n")
+    assert frank("lock", "stacks/docker-step.toml", cwd=repo).code == 0
+    first, log = _compose_step(repo, tmp_path / "out1")
+    assert "docker build (legacy builder, through the SDK" in log and "--mount" not in log
+    assert "outputs kept for key" in log
+    layers = layer_files(tmp_path / "out1/image")
+    [made] = [x for x in layers if "opt/frank/gen/archs.txt" in x]
+    assert made["opt/frank/gen/archs.txt"] == b"12.0f\n"
+    assert made["opt/frank/gen/network.txt"] == b"offline\n"  # network none
+    assert not any("scratch-not-kept" in n or "opt/frank/steps" in n for x in layers for n in x)
+    # every entry the build added carries the step's stamp, as buildah's --timestamp does
+    import re
+    import tarfile
+
+    from frank.image.oci import layout_blob_path, resolve_manifest
+
+    stamp = int(re.findall(r"file times in the built layers: (\d+)", log)[-1])
+    _, _, manifest = resolve_manifest(tmp_path / "out1/image")
+    for desc in manifest["layers"][1:]:
+        with tarfile.open(layout_blob_path(tmp_path / "out1/image", desc["digest"])) as tar:
+            assert {(m.mtime, m.uname, m.gname) for m in tar} == {(stamp, "", "")}
+    assert client.images.list(name="frank-build-*") == []  # what the build made is gone
+    # again, from empty daemon storage, the step run again
+    for image in client.images.list(all=True):
+        client.images.remove(image.id, force=True)
+    [key] = re.findall(r"step:gen-step: outputs kept for key (\w+)", log)
+    [kept] = (BlobStore().root / "step-outputs").glob(f"{key}*")
+    shutil.rmtree(kept)
+    again, log = _compose_step(repo, tmp_path / "out2")
+    assert "not run again" not in log and "Step 1/" in log
+    assert again == first
+    # a base edited in the daemon's storage (a build reuses the daemon's copy) is caught when
+    # the result is read back; that copy goes, so the next build loads the pinned one again
+    [edited] = (Path(docker_host.removeprefix("unix://")).parent / "root").glob(
+        "overlay2/*/diff/etc/debian_version")
+    edited.write_bytes(bytes([edited.read_bytes()[0] ^ 1]) + edited.read_bytes()[1:])
+    refused = frank("compose", "stacks/docker-step.toml", "--builder", "docker", "--out",
+                    str(tmp_path / "out3"), cwd=repo)
+    assert refused.code == 2 and len(refused.err.strip().splitlines()) == 1, refused.err
+    assert 'file integrity checksum failed for "etc/debian_version"' in refused.err
+    assert "the daemon's copy of the base goes too: build again" in refused.err
+    assert not (tmp_path / "out3/image").exists()
+    # and with the step's outputs kept: the same image (the daemon's own hash of what a
+    # COPY took, which differs for a stage and the context, is left out of the history)
+    kept_too, log = _compose_step(repo, tmp_path / "out4")
+    assert "its stage's outputs were kept" in log
+    assert kept_too == first
+
+
+def test_builder_docker_refuses_a_network_step_before_any_work(
+        docker_host: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step that needs the network would need build secrets, which the legacy builder lacks:
+    one line naming --builder and what to use, before a source is fetched or a base made."""
     from frank.build.engines import build_dockerfile, get_engine
     from frank.store.blobs import BlobStore
+    from tests.test_issue31_recipes import child, source_part
 
-    if shutil.which("docker") is None:
-        pytest.skip("needs the docker CLI")
-    if subprocess.run(["docker", "buildx", "version"], capture_output=True).returncode == 0:
-        pytest.skip("this docker has BuildKit")
     monkeypatch.setenv("DOCKER_HOST", docker_host)
-    engine = get_engine("docker", BlobStore(tmp_path / "cache"))
+    repo = copy_repo(tmp_path / "repo")
+    source_part(repo, repo / "sources" / "never-fetched", "0" * 40)  # a source build: network
+    child(repo, "srcbuild", {"demo-src": "1"})
+    assert frank("lock", "stacks/srcbuild.toml", cwd=repo).code == 0
+    out = tmp_path / "out"
+    failed = frank("compose", "stacks/srcbuild.toml", "--builder", "docker", "--out", str(out),
+                   cwd=repo)
+    assert failed.code == 2 and len(failed.err.strip().splitlines()) == 1, failed.err
+    assert failed.err.startswith("frank: error: --builder: docker builds only steps that need "
+                                 "no network, and package:demo-src needs it")
+    assert "use --builder buildah or podman" in failed.err
+    log = out / "build.log"
+    assert not log.exists() or "$ git fetch" not in log.read_text()
+    assert not (out / "image").exists()
+    # the engine call itself refuses a networked build the same way
     (tmp_path / "ctx").mkdir()
     (tmp_path / "ctx" / "Dockerfile").write_text("FROM scratch\n")
-    with pytest.raises(FrankError, match="docker builds need BuildKit"):
-        build_dockerfile(engine, tmp_path / "ctx", tmp_path / "out",
-                         base_layout=tmp_path / "nowhere", base_digest="sha256:" + "0" * 64,
-                         source_date_epoch=0)
-    assert not (tmp_path / "out").exists()
+    with pytest.raises(FrankError, match="docker builds only steps that need no network") as exc:
+        build_dockerfile(get_engine("docker", BlobStore(tmp_path / "cache")), tmp_path / "ctx",
+                         tmp_path / "out", base_layout=tmp_path / "nowhere",
+                         base_digest="sha256:" + "0" * 64, source_date_epoch=0)
+    assert exc.value.field == "--builder"
+
+
+def test_a_docker_export_that_is_not_the_image_is_refused(client: Any, tmp_path: Path) -> None:
+    """What the daemon hands back is hashed as it is read: a layer whose bytes differ from its
+    diff_id, or a config that is not the image the daemon named, never reaches the store as
+    the image."""
+    from frank.build.dockerapi import load_layout
+    from frank.build.dockerbuild import read_export
+    from frank.store.blobs import BlobStore
+
+    loaded = load_layout(client, tiny_layout(tmp_path / "tiny"), "frank-test:export")
+    store = BlobStore(tmp_path / "cache")
+    config, layers = read_export(client.api.get_image("frank-test:export"), loaded.id, store,
+                                 "export")
+    assert config == loaded.id and len(layers) == 1 and store.has(layers[0])
+
+    def flipped(chunks: Iterator[bytes]) -> Iterator[bytes]:
+        done = False
+        for chunk in chunks:
+            at = chunk.find(b"hello\nhello\n")
+            if at >= 0 and not done:
+                chunk, done = chunk[:at] + b"J" + chunk[at + 1:], True
+            yield chunk
+        assert done
+
+    with pytest.raises(FrankError, match=r"layer 0 the Docker daemon exported hashes to "
+                                         r"sha256:\w+, its config says " + layers[0]):
+        read_export(flipped(client.api.get_image("frank-test:export")), loaded.id, store,
+                    "export")
+    other = "sha256:" + "1" * 64
+    with pytest.raises(FrankError, match=f"hashes to {config}, not the id it reports "
+                                         f"for the image \\({other}\\)"):
+        read_export(client.api.get_image("frank-test:export"), other, store, "export")

@@ -831,12 +831,10 @@ def layer_files(layout: Path) -> list[dict[str, bytes | None]]:
     return out
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(__import__("shutil").which("buildah") is None, reason="buildah not installed")
-def test_a_step_builds_in_a_container_and_its_layer_holds_only_its_output(
-        repo: Path, tmp_path: Path) -> None:
+def gen_step(repo: Path, stack: str, script: str = GEN) -> None:
+    """The step ``gen-step`` (``script`` writes its output) added to smoke-cpu as ``stack``."""
     (repo / "parts/gen-step/src").mkdir(parents=True)
-    (repo / "parts/gen-step/src/gen.sh").write_text(GEN)
+    (repo / "parts/gen-step/src/gen.sh").write_text(script)
     part(repo, "gen-step", "1", """\
         kind = "step"
         run = "sh src/gen.sh"
@@ -848,8 +846,15 @@ def test_a_step_builds_in_a_container_and_its_layer_holds_only_its_output(
         [arch_env]
         TORCH_CUDA_ARCH_LIST = "torch"
         """)
-    (repo / "stacks/smoke-step.toml").write_text(
+    (repo / f"stacks/{stack}.toml").write_text(
         'extends = "smoke-cpu.toml"\n[add]\ngen-step = "1"\n')
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("shutil").which("buildah") is None, reason="buildah not installed")
+def test_a_step_builds_in_a_container_and_its_layer_holds_only_its_output(
+        repo: Path, tmp_path: Path) -> None:
+    gen_step(repo, "smoke-step")
     assert frank("lock", "stacks/smoke-step.toml", cwd=repo).code == 0
     done = frank("compose", "stacks/smoke-step.toml", "--builder", "buildah", "--out",
                  str(tmp_path / "out"), cwd=repo)

@@ -311,10 +311,12 @@ def _compile_kernel(layer: PlanLayer, root: Path, staging: Path, fetcher: Fetche
 
 
 def stage_host_layers(plan: BuildPlan, root: Path, context: Path, *, log: Path,
-                      store_root: Path, mirrors: tuple[Path, ...] = ()) -> frozenset[int]:
+                      store_root: Path, mirrors: tuple[Path, ...] = (),
+                      mounts: bool = True) -> frozenset[int]:
     """Assemble the host-built layers into the context, so any container engine builds it,
     and the kept outputs of builder stages whose key an earlier build had (``stepcache``);
-    returns the indexes of those stages, which are not run again.
+    returns the indexes of those stages, which are not run again. Without ``mounts`` the
+    Dockerfile is written again with no build secrets (``render_dockerfile``).
 
     The same assembly as the embedded builder's (same fetched inputs, same trees); only the
     tar and the image config are then the engine's.
@@ -342,7 +344,7 @@ def stage_host_layers(plan: BuildPlan, root: Path, context: Path, *, log: Path,
             reused.add(layer.index)
     host = [x for x in plan.layers if host_built(x)]
     sources = [x for x in plan.layers if checked_out(x) and x.index not in reused]
-    if not host and not sources and not reused:
+    if not host and not sources and not reused and mounts:
         return frozenset()
     for layer in sources:  # first: an unreachable source stops before gigabytes of wheels
         _check_out_source(layer, root, rootfs_of(layer), log, store_root)
@@ -358,7 +360,7 @@ def stage_host_layers(plan: BuildPlan, root: Path, context: Path, *, log: Path,
         if rootfs.is_dir():
             staged.add(layer.index)
     (context / "Dockerfile").write_text(render_dockerfile(plan, staged, template_text(root),
-                                                          frozenset(reused)))
+                                                          frozenset(reused), mounts))
     return frozenset(reused)
 
 
@@ -376,16 +378,29 @@ def _check_out_source(layer: PlanLayer, root: Path, rootfs: Path, log: Path,
                        cache=store_root, log=log)
 
 
-def needs_network(plan: BuildPlan, reused: frozenset[int] = frozenset()) -> bool:
-    """Whether a container build of ``plan`` must reach the network: some layer that runs in
-    the container (not one frank assembles on the host and stages, nor a stage whose kept
-    outputs are reused) declares it does (a source build's apt-get and pip; pip from an
-    index; a patch fetched by URL). A post-install step or a kernel compiled in the image
+def network_layers(plan: BuildPlan, reused: frozenset[int] = frozenset()) -> list[str]:
+    """The layers for which a container build of ``plan`` must reach the network: those that
+    run in the container (not one frank assembles on the host and stages, nor a stage whose
+    kept outputs are reused) and declare they do (a source build's apt-get and pip; pip from
+    an index; a patch fetched by URL). A post-install step or a kernel compiled in the image
     never does: it runs offline."""
     from frank.build.context import host_built
 
-    return any(layer.network and not host_built(layer) and layer.index not in reused
-               for layer in plan.layers)
+    return [layer.name for layer in plan.layers
+            if layer.network and not host_built(layer) and layer.index not in reused]
+
+
+def needs_network(plan: BuildPlan, reused: frozenset[int] = frozenset()) -> bool:
+    """Whether some layer of a container build of ``plan`` needs the network."""
+    return bool(network_layers(plan, reused))
+
+
+def kept_stages(plan: BuildPlan, store_root: Path) -> frozenset[int]:
+    """The builder stages whose outputs an earlier build kept (``stepcache``): not run."""
+    from frank.build import stepcache
+
+    return frozenset(x.index for x in plan.layers
+                     if x.stage and stepcache.cached(store_root, x) is not None)
 
 
 def build_with_engine(plan: BuildPlan, root: Path, context: Path, out: Path,
@@ -398,11 +413,15 @@ def build_with_engine(plan: BuildPlan, root: Path, context: Path, out: Path,
 
     store = BlobStore()
     log = context.parent / "build.log"
+    engine = get_engine(engine_name, store)
+    if engine.name == "docker":  # it builds offline steps only: said before any work
+        from frank.build.dockerbuild import refuse_network
+
+        refuse_network(network_layers(plan, kept_stages(plan, store.root)))
     # the host's part first: a source that cannot be fetched stops before the base is made
     reused = stage_host_layers(plan, root, context, log=log, store_root=store.root,
-                               mirrors=mirrors)
+                               mirrors=mirrors, mounts=engine.name != "docker")
     base = resolve_base(root / "images" / f"{plan.base_image['name']}.toml", store)
-    engine = get_engine(engine_name, store)
     digest = build_dockerfile(engine, context, out, base_layout=base.layout,
                               base_digest=base.digest,
                               source_date_epoch=plan.source_date_epoch,

@@ -112,15 +112,16 @@ SECRET_MOUNTS = ("--mount=type=secret,id=frank-ca,target=/etc/ssl/certs/ca-certi
                  "--mount=type=secret,id=frank-pip,target=/etc/pip.conf")
 
 
-def run_instruction(steps: list[str]) -> str:
+def run_instruction(steps: list[str], mounts: bool = True) -> str:
     """One RUN of shell steps joined by ``&&``; a step holding a newline would end the RUN
-    and start an instruction of its own, so it is refused."""
+    and start an instruction of its own, so it is refused. Without ``mounts`` (an offline
+    build by a builder that has no build secrets, Docker's legacy one) the RUN is plain."""
     for step in steps:
         if CONTROL_CHARS.search(step):
             raise FrankError(f"a build step holds a control character: {step!r}")
     # The host's CA bundle and index settings reach pip as build secrets: mounted for the
     # step only, never stored in a layer (a TLS-intercepting proxy needs the CA).
-    return f"RUN {SECRET_MOUNTS} " + " \\\n && ".join(steps)
+    return f"RUN {SECRET_MOUNTS + ' ' if mounts else ''}" + " \\\n && ".join(steps)
 
 
 def pip_step(dest: str) -> str:
@@ -128,7 +129,8 @@ def pip_step(dest: str) -> str:
     return f"pip install --no-deps {shlex.quote(dest)}"
 
 
-def _layer_steps(layer: PlanLayer, staged: set[int], pip: bool = True) -> list[str]:
+def _layer_steps(layer: PlanLayer, staged: set[int], pip: bool = True,
+                 mounts: bool = True) -> list[str]:
     lines = ["# " + comment(f"layer {layer.index}: {layer.name} (key {layer.key[:16]}): "
                             f"{layer.why}")]
     if layer.index in staged or host_built(layer):
@@ -136,12 +138,12 @@ def _layer_steps(layer: PlanLayer, staged: set[int], pip: bool = True) -> list[s
         lines.append(f"COPY {plain(f'layers/{layer_dir(layer)}/rootfs/')} /")
     steps = [*layer.run, *(pip_step(d) for d in layer.pip_install if pip)]
     if steps:
-        lines.append(run_instruction(steps))
+        lines.append(run_instruction(steps, mounts))
     return lines
 
 
 def _stage_lines(layer: PlanLayer, staged: set[int], current: str, n: int,
-                 reused: bool = False) -> list[str]:
+                 reused: bool = False, mounts: bool = True) -> list[str]:
     """A builder stage on ``current`` (the image so far), then the next stage of the final
     chain (``frank-<n>``) taking only the stage's outputs, then its ``then`` steps. With
     ``reused``, the outputs kept from an earlier build of the same key (``stepcache``) are
@@ -164,13 +166,13 @@ def _stage_lines(layer: PlanLayer, staged: set[int], current: str, n: int,
         if layer.index in staged or host_built(layer) or checked_out(layer):
             # the stage's inputs, not the image's (a git source: frank's checkout on the host)
             lines.append(f"COPY {plain(f'layers/{layer_dir(layer)}/rootfs/')} /")
-        lines.append(run_instruction(stage.run))
+        lines.append(run_instruction(stage.run, mounts))
         lines.append(f"FROM {current} AS frank-{n}")
         for out in stage.outputs:
             lines.append(f"COPY --from={stage.name} {plain(out)} {plain(out)}")
     # (a RUN without the secret mounts when there is nothing else to run: a mount point
     # could otherwise be left in the layer)
-    lines.append(run_instruction([*stage.then, marker(layer)]) if stage.then
+    lines.append(run_instruction([*stage.then, marker(layer)], mounts) if stage.then
                  else f"RUN {marker(layer)}")
     return lines
 
@@ -197,10 +199,11 @@ def host_note(plan: BuildPlan, staged: set[int]) -> str:
 
 
 def render_dockerfile(plan: BuildPlan, staged: set[int], template: str,
-                      reused: frozenset[int] = frozenset()) -> str:
+                      reused: frozenset[int] = frozenset(), mounts: bool = True) -> str:
     """A multi-stage Dockerfile: the engine stage, one build stage per kernel (compiled
     against the engine stage's torch), and a final stage that copies each kernel's built
-    tree and adds plugins, data, the launcher and the lock."""
+    tree and adds plugins, data, the launcher and the lock. ``mounts``: whether RUN steps
+    get the build secrets (``run_instruction``)."""
     base = plan.base_image.get("ref", f"frank-base/{plan.base_image['name']}")
     # a kernel built in the image gets a stage of its own; one frank compiled on the host
     # is a layer like any other
@@ -218,24 +221,25 @@ def render_dockerfile(plan: BuildPlan, staged: set[int], template: str,
         final_part += ["FROM engine AS frank-0", ""]
     for layer in plan.layers:
         if first_kernel is None or layer.index < first_kernel:
-            engine_part += [*_layer_steps(layer, staged), ""]
+            engine_part += [*_layer_steps(layer, staged, mounts=mounts), ""]
         elif layer.stage is not None:
             n = int(current.removeprefix("frank-")) + 1
             final_part += [*_stage_lines(layer, staged, current, n,
-                                         reused=layer.index in reused), ""]
+                                         reused=layer.index in reused, mounts=mounts), ""]
             current = f"frank-{n}"
         elif layer.kind == "kernel" and not host_built(layer):
             stage = f"kernel-{layer.part}"
-            kernel_stages += [f"FROM engine AS {stage}", *_layer_steps(layer, staged, pip=False),
-                              ""]
+            kernel_stages += [f"FROM engine AS {stage}",
+                              *_layer_steps(layer, staged, pip=False, mounts=mounts), ""]
             src = layer.files[0].dest if layer.files else f"/opt/frank/kernels/{layer.part}"
             final_part += ["# " + comment(f"kernel {layer.part}: built in stage {stage}"),
                            f"COPY --from={stage} {plain(src)}/ {plain(src)}/"]
             if layer.pip_install:
-                final_part.append(run_instruction([pip_step(d) for d in layer.pip_install]))
+                final_part.append(run_instruction([pip_step(d) for d in layer.pip_install],
+                                                  mounts))
             final_part.append("")
         else:
-            final_part += [*_layer_steps(layer, staged), ""]
+            final_part += [*_layer_steps(layer, staged, mounts=mounts), ""]
     env = plan.config.env
     config = []
     if env:

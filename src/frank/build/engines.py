@@ -7,11 +7,11 @@ On CI machines without a daemon, Debian's buildah and podman build rootless-styl
 ``--isolation chroot --storage-driver vfs``: no overlayfs, no user namespaces, RUN steps
 work. Engine storage lives under the frank cache, apart from the system's image store.
 
-The docker path (skopeo moves the base in and the result out of the daemon) needs BuildKit
-(``docker buildx``) for the build secrets (the CA bundle and pip config are ``--secret``
-mounts, never layers); Debian's docker.io has only the legacy builder, which has no
-``--secret``, so there ``--builder docker`` stops at once saying so (checked on Docker
-20.10.24). Running images through Docker goes through the SDK (``run.dockerrun``).
+Docker builds through the SDK with the daemon's legacy builder (``build.dockerbuild``),
+which has no build secrets (the CA bundle and pip config are ``--secret`` mounts for the
+other engines, never layers): it builds only steps that need no network, and refuses one that
+does before any work (checked on Debian's docker.io 20.10.24, which has no BuildKit).
+Running images through Docker goes through the SDK too (``run.dockerrun``).
 
 Every build gets a fixed time (as ``--timestamp``, which also sets every file time in the
 layers the engine writes, and as the ``SOURCE_DATE_EPOCH`` build arg): SOURCE_DATE_EPOCH, or
@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -46,7 +46,6 @@ from frank.image.oci import (
     normalize_layout,
     resolve_manifest,
 )
-from frank.image.remote import skopeo
 from frank.store.blobs import BlobStore, check_digest
 from frank.store.tmpdirs import owned
 
@@ -320,9 +319,6 @@ def get_engine(name: str = "auto", store: BlobStore | None = None) -> Engine:
     raise FrankError(f"container engine {name!r} is not available; {hint}", field="--builder")
 
 
-_DAEMON = "to move images in and out of the Docker daemon"
-
-
 def _run(args: list[str], what: str, *, input_text: str | None = None,
          timeout: float | None = None) -> subprocess.CompletedProcess[str]:
     try:
@@ -366,30 +362,46 @@ def build_secrets(folder: Path) -> dict[str, Path]:
 def run_logged(args: list[str], what: str, *, log: Path, timeout: float | None = None) -> None:
     """Run a build, streaming its output to ``log`` and a progress line; a failure names the
     log and quotes the lines that say why."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, errors="replace")
+    assert proc.stdout is not None
+    try:
+        tail = stream_logged(proc.stdout, what, log=log, head="$ " + " ".join(args),
+                             timeout=timeout)
+    except FrankError:  # timed out
+        proc.kill()
+        raise
+    code = proc.wait()
+    if code != 0:
+        raise build_failed(what, f"exit {code}", tail, log)
+
+
+def stream_logged(lines: Iterable[str], what: str, *, log: Path, head: str,
+                  timeout: float | None = None) -> list[str]:
+    """Write a build's output ``lines`` to ``log`` after ``head``, with a progress line
+    showing the latest; returns the last 200 (what a failure is quoted from)."""
     import time
 
     from rich.console import Console
 
-    log.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    with log.open("a", encoding="utf-8") as out, \
-            Console(stderr=True).status(what) as status:
-        out.write("$ " + " ".join(args) + "\n")
-        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, errors="replace")
-        assert proc.stdout is not None
-        tail: list[str] = []
-        for line in proc.stdout:
+    tail: list[str] = []
+    with log.open("a", encoding="utf-8") as out, Console(stderr=True).status(what) as status:
+        out.write(head + "\n")
+        for line in lines:
             out.write(line)
             tail = [*tail[-199:], line.rstrip()]
             status.update(f"{what}: {line.strip()[:100]}")
             if timeout is not None and time.monotonic() - start > timeout:
-                proc.kill()
                 raise FrankError(f"{what} timed out after {timeout} s (log {log})")
-        code = proc.wait()
-    if code != 0:
-        why = [x.strip() for x in tail if _WHY.search(x)][-3:] or [x for x in tail if x][-1:]
-        raise FrankError(f"{what} failed (exit {code}): {' | '.join(why)} (log {log})")
+    return tail
+
+
+def build_failed(what: str, how: str, tail: list[str], log: Path) -> FrankError:
+    """One line for a failed build: the log's lines that say why, and the log."""
+    why = [x.strip() for x in tail if _WHY.search(x)][-3:] or [x for x in tail if x][-1:]
+    return FrankError(f"{what} failed ({how}): {' | '.join(why)} (log {log})")
 
 
 @contextlib.contextmanager
@@ -407,20 +419,6 @@ def _oci_ref(layout: Path, digest: str | None = None) -> Iterator[str]:
         yield f"oci:{image_view(Path(layout), str(digest), d / 'image')}"
 
 
-def _needs_buildkit(engine: Engine) -> None:
-    """A docker build needs BuildKit for its ``--secret`` mounts: say so before any work."""
-    try:
-        ok = subprocess.run([engine.exe, "buildx", "version"], capture_output=True,
-                            timeout=30).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        ok = False
-    if not ok:
-        raise FrankError("docker builds need BuildKit (`docker buildx`): frank passes the CA "
-                         "bundle and pip config as --secret mounts, which the legacy builder "
-                         "(Debian's docker.io) lacks; use --builder buildah or podman, or "
-                         "install docker-buildx", field="--builder")
-
-
 def load_base(engine: Engine, layout: Path, digest: str) -> str:
     """Put the pinned base into the engine's storage; return a reference to it by digest."""
     check_digest(digest, field="base_digest")
@@ -428,12 +426,6 @@ def load_base(engine: Engine, layout: Path, digest: str) -> str:
     if got != digest:
         raise FrankError(f"base layout holds {got}, not the pinned {digest}", file=layout)
     name = f"localhost/frank-base-{digest.split(':')[1][:16]}"
-    if engine.name == "docker":
-        # the daemon keeps no digest for a loaded image; the tag is derived from the digest
-        with _oci_ref(layout, digest) as ref:
-            _run([skopeo(_DAEMON), "copy", "--quiet", ref, f"docker-daemon:{name}:latest"],
-                 "loading the base into docker")
-        return f"{name}:latest"
     with _oci_ref(layout, digest) as ref:
         proc = _run([*engine.base_args(), "pull", "--quiet", ref],
                     f"{engine.name} pull of the base image")
@@ -529,9 +521,10 @@ def build_dockerfile(
     dockerfile = Path(dockerfile).absolute() if dockerfile else context / "Dockerfile"
     if not dockerfile.is_file():
         raise FrankError("Dockerfile not found", file=dockerfile)
-    if engine.name == "docker":
-        _needs_buildkit(engine)
-    base_ref = load_base(engine, base_layout, base_digest)
+    if engine.name == "docker" and network:
+        from frank.build.dockerbuild import refuse_network
+
+        refuse_network(["this build"])
     log = log or context.parent / "build.log"
     # the engine sets every file of the layers it writes to this time: never older than a
     # file of the base, so what a step builds against the base is not older than its inputs
@@ -541,25 +534,25 @@ def build_dockerfile(
     with log.open("a", encoding="utf-8") as note:
         note.write(f"frank: file times in the built layers: {stamp} (the base's newest file "
                    f"time {newest}, no earlier than SOURCE_DATE_EPOCH {source_date_epoch})\n")
-    args = {"SOURCE_DATE_EPOCH": str(stamp), "BASE_IMAGE": base_ref,
-            "BASE_DIGEST": base_digest, **(build_args or {})}
+    args = {"SOURCE_DATE_EPOCH": str(stamp), "BASE_DIGEST": base_digest, **(build_args or {})}
+    if engine.name == "docker":
+        from frank.build.dockerbuild import build_image
+
+        return build_image(context, dockerfile, out_layout, base_layout=base_layout,
+                           base_digest=base_digest, stamp=stamp, epoch=source_date_epoch,
+                           args=args, store=store, log=log, timeout=timeout)
+    args["BASE_IMAGE"] = load_base(engine, base_layout, base_digest)
     tag = f"localhost/frank-build-{uuid.uuid4().hex[:12]}"  # (``_RESULT``)
-    if engine.name == "docker":  # BuildKit takes the epoch from the SOURCE_DATE_EPOCH arg
-        cmd = [*engine.base_args(), "build", "--pull=false", "-f", str(dockerfile), "-t", tag]
-    else:
-        cmd = [*engine.base_args(), "bud" if engine.name == "buildah" else "build",
-               "--isolation", "chroot", "--timestamp", str(stamp), "--pull=false",
-               "-f", str(dockerfile), "-t", tag]
+    cmd = [*engine.base_args(), "bud" if engine.name == "buildah" else "build",
+           "--isolation", "chroot", "--timestamp", str(stamp), "--pull=false",
+           "-f", str(dockerfile), "-t", tag]
     for k in sorted(args):
         cmd += ["--build-arg", f"{k}={args[k]}"]
     prefix: list[str] = []
     if not network:
-        if engine.name == "docker":
-            cmd += ["--network", "none"]
-        elif can_cut_network():  # chroot isolation shares the caller's network namespace
+        if can_cut_network():  # chroot isolation shares the caller's network namespace
             prefix = ["unshare", "--net", "--"]
         else:
-            log.parent.mkdir(parents=True, exist_ok=True)
             with log.open("a", encoding="utf-8") as note:
                 note.write("frank: the network stays on for this build: this user may not "
                            "make a network namespace (unshare --net)\n")
@@ -590,9 +583,6 @@ def _build_and_export(engine: Engine, cmd: list[str], prefix: list[str], context
         if engine.name == "buildah":
             _run([*engine.base_args(), "push", "--quiet", "--disable-compression", tag,
                   f"oci:{tmp}"], "buildah push to an OCI layout")
-        elif engine.name == "docker":
-            _run([skopeo(_DAEMON), "copy", "--quiet", f"docker-daemon:{tag}:latest", f"oci:{tmp}"],
-                 "export from docker to an OCI layout")
         else:
             shutil.rmtree(tmp)
             _run([*engine.base_args(), "save", "--format", "oci-dir", "--uncompressed",

@@ -754,15 +754,25 @@ def normalize_layout(src: Path, store: BlobStore, out_layout: Path, *,
         unpacked = store.verified_path(diff_ids[i])
         descs.append({"mediaType": _TAR_TYPES[0], "digest": diff_ids[i],
                       "size": unpacked.stat().st_size})
-    new = {"schemaVersion": 2, "mediaType": OCI_MANIFEST,
-           "config": {"mediaType": OCI_CONFIG, "digest": cdig, "size": csize},
-           "layers": descs}
-    if manifest.get("annotations"):
-        new["annotations"] = manifest["annotations"]
+    return store_layout(store, out_layout, (cdig, csize), descs, epoch=epoch,
+                        annotations=manifest.get("annotations"))
+
+
+def store_layout(store: BlobStore, out_layout: Path, config: tuple[str, int],
+                 layers: list[dict[str, Any]], *, epoch: int,
+                 annotations: dict[str, str] | None = None) -> str:
+    """The canonical manifest of a config and uncompressed layers the store holds, written
+    as the one image of ``out_layout``; its digest."""
+    new: dict[str, Any] = {
+        "schemaVersion": 2, "mediaType": OCI_MANIFEST,
+        "config": {"mediaType": OCI_CONFIG, "digest": config[0], "size": config[1]},
+        "layers": layers}
+    if annotations:
+        new["annotations"] = annotations
     raw = canonical_json(new)
     digest = store.put_bytes(raw)
     index = {"schemaVersion": 2, "mediaType": OCI_INDEX,
              "manifests": [{"mediaType": OCI_MANIFEST, "digest": digest, "size": len(raw)}]}
     write_layout(store, Path(out_layout), canonical_json(index),
-                 [cdig, digest, *(x["digest"] for x in descs)], epoch=epoch)
+                 [config[0], digest, *(x["digest"] for x in layers)], epoch=epoch)
     return digest
