@@ -4,10 +4,11 @@ A cold build of served used to fetch all 4.3 GB of wheels first and only then as
 layers one after the other, each through a staging tree
 (bench/results/profile-build-2026-12-02.md). Here many downloads are in flight at once,
 largest first, and a layer made only of wheels is streamed into its blob (``wheeltar``) by a
-small pool as soon as its last wheel is in the store, so the network and the CPU work at the
-same time. A layer that brings anything else (repo files, a patch, a kernel, a repo wheel)
-goes the staging way, in the calling thread, as soon as its own wheels are in (a kernel
-compiles while the closure downloads).
+worker process (``layerpool``: one per core, the largest ready layer first) as soon as its
+last wheel is in the store, so the network and the CPU work at the same time. A layer that
+brings anything else (repo files, a patch, a kernel, a repo wheel) goes the staging way, in
+the calling thread, as soon as its own wheels are in (a kernel compiles while the closure
+downloads).
 
 The first failure stops everything: queued downloads are cancelled, running layers stop at
 their next file, and the failure is raised (a failed download is raised once the staged
@@ -21,12 +22,12 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from frank.build.layerpool import Job, LayerPool
 from frank.build.plan import PlanLayer
-from frank.build.wheeltar import plan_wheels, write_wheel_tar
 from frank.image.layer import LAYER_MEDIA_TYPE, index_key
 from frank.image.spec import LayerInput
 from frank.store.blobs import LayerRecord
@@ -34,7 +35,7 @@ from frank.store.fetch import Fetcher, Pinned
 
 # Downloads in flight: one stream rarely fills the link (uv keeps dozens open).
 FETCH_JOBS = 12
-# Layers streamed at once: inflating and hashing are CPU work, one thread per core.
+# Layers streamed at once: inflating and hashing are CPU work, one process per core.
 TAR_JOBS = max(1, min(4, os.cpu_count() or 1))
 
 
@@ -47,8 +48,8 @@ def streamable(layer: PlanLayer) -> bool:
 
 @dataclass
 class Built:
-    """What the pipeline made: blobs written by this process (hashed on their way in, so the
-    output layout need not hash them again) and how each layer was made."""
+    """What the pipeline made: blobs written by this process or its workers (hashed on their
+    way in, so the output layout need not hash them again) and how each layer was made."""
 
     fresh: set[str] = field(default_factory=set)
     streamed: list[str] = field(default_factory=list)
@@ -85,7 +86,6 @@ def build_missing(missing: list[tuple[PlanLayer, LayerInput]], *, site: str, epo
     start = time.monotonic() if since is None else since
     built = Built()
     lock = threading.Lock()
-    stop = threading.Event()
     items = inputs([x for x, _ in missing])
     streamed = [(x, s) for x, s in missing if streamable(x)]
     staged = [(x, s) for x, s in missing if not streamable(x)]
@@ -97,37 +97,21 @@ def build_missing(missing: list[tuple[PlanLayer, LayerInput]], *, site: str, epo
 
     def staged_route(layer: PlanLayer, spec_layer: LayerInput) -> None:
         digest = stage(layer, spec_layer)
-        with lock:
-            built.fresh.add(digest)
-            built.staged.append(layer.name)
+        built.fresh.add(digest)
+        built.staged.append(layer.name)
 
-    def stream(layer: PlanLayer, spec_layer: LayerInput) -> None:
-        began = time.monotonic()
-        wheels = [(w.filename, store.verified_path(Pinned(w.url, w.sha256).digest))
-                  for w in layer.wheels]
-        try:
-            members = plan_wheels(wheels, site)
-            with store.writer() as w:
-                write_wheel_tar(members, epoch, w, stop,  # type: ignore[arg-type]
-                                key=index_key(spec_layer, epoch))
-        except Exception as exc:  # StreamRefused, or installer refusing a wheel: the staging
-            # route then makes the same bytes, or fails in the words it always used
-            if stop.is_set():
-                return
-            note(f"layer {layer.index} {layer.name}: not streamed ({exc}); staged instead")
-            staged_route(layer, spec_layer)
-            return
-        store.put_layer(index_key(spec_layer, epoch), LayerRecord(
-            digest=w.digest, diff_id=w.digest, size=w.size, media_type=LAYER_MEDIA_TYPE))
-        with lock:
-            built.fresh.add(w.digest)
-            built.streamed.append(layer.name)
-        note(f"layer {layer.index} {layer.name}: built (streamed) in "
-             f"{time.monotonic() - began:.1f} s, at {time.monotonic() - start:.1f} s")
+    pool = LayerPool(tar_jobs if streamed else 0, store.root)
+    stop = pool.stop
+
+    def ready(layer: PlanLayer, spec_layer: LayerInput) -> None:
+        """Every wheel of a streamed layer is in: hand it to a worker (paths checked here,
+        where a bad stored wheel is moved aside and raised)."""
+        wheels = tuple((w.filename, store.verified_path(Pinned(w.url, w.sha256).digest))
+                       for w in layer.wheels)
+        pool.add(Job((layer, spec_layer), wheels, site, epoch,
+                     index_key(spec_layer, epoch), sum(w.size or 0 for w in layer.wheels)))
 
     dl = ThreadPoolExecutor(max_workers=max(1, fetch_jobs), thread_name_prefix="frank-fetch")
-    tar = ThreadPoolExecutor(max_workers=max(1, tar_jobs), thread_name_prefix="frank-tar")
-    jobs: list[Future[None]] = []
 
     def fetched(item: Pinned) -> Path:
         path = fetcher.fetch(item)
@@ -137,40 +121,47 @@ def build_missing(missing: list[tuple[PlanLayer, LayerInput]], *, site: str, epo
             with lock:
                 left = waiting[x.index]
                 left.discard(item.sha256)
-                if not left and not stop.is_set():
-                    jobs.append(tar.submit(stream, x, s))
+                now = not left and not stop.is_set()
+            if now:
+                ready(x, s)
         return path
 
-    try:
-        order = sorted(items.values(), key=lambda i: -(i.size or 0))  # the long ones first
-        downloads = {item.sha256: dl.submit(fetched, item) for item in order}
-        for x, s in staged:  # meanwhile, in this thread: each once its own wheels are in
-            needs = [w.sha256 for w in x.wheels]
-            if x.patch and x.patch.engine_wheel:
-                needs.append(x.patch.engine_wheel.sha256)
-            for sha in needs:
-                downloads[sha].result()
-            staged_route(x, s)
-        done, _ = wait(list(downloads.values()), return_when=FIRST_EXCEPTION)
-        for f in done:
-            f.result()  # the first failure raises here
-        dl.shutdown(wait=True)  # every download's layer is submitted
-        note(f"inputs: {len(items)} needed, {fetcher.downloaded} downloaded, "
-             f"{fetcher.from_mirror} from a mirror, the rest already in the store; all in "
-             f"at {time.monotonic() - start:.1f} s")
-        while True:
-            with lock:
-                pending = [j for j in jobs if not j.done()]
-                finished = [j for j in jobs if j.done()]
-            for j in finished:
-                j.result()
-            if not pending:
-                break
-            wait(pending, return_when=FIRST_EXCEPTION)
-    except BaseException:
-        stop.set()
-        raise
-    finally:
-        dl.shutdown(wait=True, cancel_futures=True)
-        tar.shutdown(wait=True, cancel_futures=True)
+    with pool:
+        try:
+            order = sorted(items.values(), key=lambda i: -(i.size or 0))  # long ones first
+            downloads = {item.sha256: dl.submit(fetched, item) for item in order}
+            for x, s in staged:  # meanwhile, in this thread: each once its own wheels are in
+                needs = [w.sha256 for w in x.wheels]
+                if x.patch and x.patch.engine_wheel:
+                    needs.append(x.patch.engine_wheel.sha256)
+                for sha in needs:
+                    downloads[sha].result()
+                staged_route(x, s)
+            done, _ = wait(list(downloads.values()), return_when=FIRST_EXCEPTION)
+            for f in done:
+                f.result()  # the first failure raises here
+            dl.shutdown(wait=True)  # every download's layer is handed to the pool
+            note(f"inputs: {len(items)} needed, {fetcher.downloaded} downloaded, "
+                 f"{fetcher.from_mirror} from a mirror, the rest already in the store; all "
+                 f"in at {time.monotonic() - start:.1f} s")
+            for r in pool.results():
+                layer, spec_layer = r.tag
+                if r.refused:  # StreamRefused, or installer refusing a wheel: the staging
+                    # route then makes the same bytes, or fails in the words it always used
+                    note(f"layer {layer.index} {layer.name}: not streamed ({r.refused}); "
+                         "staged instead")
+                    staged_route(layer, spec_layer)
+                    continue
+                store.put_layer(index_key(spec_layer, epoch), LayerRecord(
+                    digest=r.digest, diff_id=r.digest, size=r.size,
+                    media_type=LAYER_MEDIA_TYPE))
+                built.fresh.add(r.digest)
+                built.streamed.append(layer.name)
+                note(f"layer {layer.index} {layer.name}: built (streamed) in "
+                     f"{r.seconds:.1f} s, at {r.at - start:.1f} s")
+        except BaseException:
+            stop.set()
+            raise
+        finally:
+            dl.shutdown(wait=True, cancel_futures=True)
     return built

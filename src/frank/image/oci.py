@@ -369,7 +369,9 @@ def write_layout(store: BlobStore, out: Path, index_raw: bytes, blobs: list[str]
     shared ctime, so the store re-hashes it before any further use. Every blob that goes out
     is hashed in full, whatever ``FRANK_VERIFY`` says (a stamp trusts a blob whose stat is
     unchanged, and what goes out must be the bytes named), except the ``fresh`` ones: blobs
-    this process has just written and hashed on their way in. If the
+    this build has just written and hashed on their way in, which are always linked from the
+    store (the output in place may hold a copy of one, made by an earlier build: hashing
+    that copy was a second full read of every byte a warm rebuild wrote). If the
     output already holds exactly this layout, untouched since frank wrote it (same stat
     stamps, see ``BlobStore``) and every blob still hashes to its name, nothing is copied: a
     no-op rebuild reads the image once and writes nothing (the stamps live in the cache,
@@ -388,7 +390,9 @@ def write_layout(store: BlobStore, out: Path, index_raw: bytes, blobs: list[str]
         # Current: the same index, exactly these blobs with the layout's mode and mtime, each
         # hashing to its name. Not the stat stamps: out/'s blobs are links to the store's,
         # so every later link or unlink of the inode moves its ctime, and the hash decides.
-        if not (_output_is_current(final, index_raw, wanted, record, stamps=False)
+        # (a fresh blob is a new inode: the output in place cannot hold it, only a copy)
+        if fresh.intersection(wanted) or not (
+                _output_is_current(final, index_raw, wanted, record, stamps=False)
                 and _meta_fixed(final, wanted, epoch) and _blobs_match(final, wanted)):
             # every blob is hashed on its way out (linked or copied) unless this build wrote
             # it: the store's stamp need not be trusted (nor a full hash paid twice) here
@@ -400,11 +404,10 @@ def write_layout(store: BlobStore, out: Path, index_raw: bytes, blobs: list[str]
             shutil.rmtree(out, ignore_errors=True)  # the output in place is carried over
 
 
-def _link_blob(store: BlobStore, digest: str, src: Path, dest: Path, epoch: int,
-               fresh: frozenset[str] | set[str]) -> bool:
-    """Hard-link a store blob into a layout, with the layout's mode and mtime; False where
-    it cannot be (another filesystem, or the blob already serves a layout of another epoch:
-    changing it would make that layout look modified). A blob not in ``fresh`` is hashed."""
+def _link_blob(src: Path, dest: Path, epoch: int) -> bool:
+    """Hard-link a store blob into a layout; False where it cannot be (another filesystem,
+    or the blob already serves a layout of another epoch: changing its mode and mtime would
+    make that layout look modified). The caller hashes it unless this build wrote it."""
     try:
         st = src.stat()
     except OSError:
@@ -415,20 +418,13 @@ def _link_blob(store: BlobStore, digest: str, src: Path, dest: Path, epoch: int,
         os.link(src, dest)
     except OSError:
         return False
-    try:
-        if digest not in fresh:
-            actual = sha256_file(dest)
-            if actual != digest:
-                store._quarantine(src)
-                raise BlobMovedAside(f"cached blob does not match its digest {digest} (content "
-                                 f"is {actual}); it was moved aside, rebuild to re-create it",
-                                 file=src)
-        _fix_meta(dest, 0o644, epoch)
-        store._write_stamp(digest, store._stat_key(src))  # just checked; its ctime moved
-    except BaseException:
-        dest.unlink(missing_ok=True)
-        raise
     return True
+
+
+def _moved_aside(store: BlobStore, digest: str, src: Path, actual: str) -> BlobMovedAside:
+    store._quarantine(src)
+    return BlobMovedAside(f"cached blob does not match its digest {digest} (content is "
+                          f"{actual}); it was moved aside, rebuild to re-create it", file=src)
 
 
 def _fix_meta(path: Path, mode: int, epoch: int) -> None:
@@ -445,9 +441,7 @@ def _copy_verified(store: BlobStore, digest: str, src: Path, dest: Path) -> None
     shutil.copyfile(src, dest)
     actual = sha256_file(dest)
     if actual != digest:
-        store._quarantine(src)
-        raise BlobMovedAside(f"cached blob does not match its digest {digest} (content is "
-                         f"{actual}); it was moved aside, rebuild to re-create it", file=src)
+        raise _moved_aside(store, digest, src, actual)
 
 
 def _meta_fixed(layout: Path, blobs: list[str], epoch: int) -> bool:
@@ -462,19 +456,33 @@ def _meta_fixed(layout: Path, blobs: list[str], epoch: int) -> bool:
 
 def _blobs_match(layout: Path, blobs: list[str]) -> bool:
     """Whether every blob of the output in place hashes to its name: its record in the
-    cache says it is untouched, but a record can be edited as easily as a blob. One blob per
-    core at a time (hashlib lets go of the GIL): a no-op compose of a 10 GB image pays this."""
+    cache says it is untouched, but a record can be edited as easily as a blob. A no-op
+    compose of a 10 GB image pays this (``_hash_all``: one blob per core)."""
+    paths = [(d, layout_blob_path(layout, d)) for d in blobs]
+    return not _hash_all(paths)
+
+
+def _hash_all(paths: list[tuple[str, Path]]) -> set[Path]:
+    """The paths whose content does not hash to their digest (or cannot be read), hashed
+    one per core at a time, the largest first (hashlib lets go of the GIL)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    def ok(d: str) -> bool:
+    def bad(item: tuple[str, Path]) -> bool:
         try:
-            return sha256_file(layout_blob_path(layout, d)) == d
+            return sha256_file(item[1]) != item[0]
         except OSError:
-            return False
+            return True
 
-    big_first = sorted(blobs, key=lambda d: -_size(layout_blob_path(layout, d)))
+    big_first = sorted(paths, key=lambda item: -_size(item[1]))
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        return all(pool.map(ok, big_first))
+        return {p for (_, p), b in zip(big_first, pool.map(bad, big_first), strict=True) if b}
+
+
+def _inode(path: Path) -> int:
+    try:
+        return path.stat().st_ino
+    except OSError:
+        return -1
 
 
 def _size(path: Path) -> int:
@@ -516,18 +524,45 @@ def _write_layout_locked(store: BlobStore, out: Path, index_raw: bytes,
     try:
         bdir = tmp / "blobs" / "sha256"
         bdir.mkdir(parents=True)
+        # links first (a blob this build wrote from the store, another from the output in
+        # place where it is as recorded, else from the store), then every link not written
+        # by this build hashed, one per core; a copy only where a link cannot be made
+        reused: list[tuple[str, Path]] = []
+        linked: list[tuple[str, Path]] = []
         for digest, src in sources.items():
             dest = bdir / digest.split(":", 1)[1]
-            try:
-                os.link(reuse[digest], dest)  # the previous output's copy, hashed again
-                if sha256_file(dest) != digest:
-                    dest.unlink()
-                    raise KeyError(digest)
-                continue
-            except (KeyError, OSError):
-                pass
-            if not _link_blob(store, digest, src, dest, epoch, fresh):
+            if digest not in fresh and digest in reuse:
+                try:
+                    os.link(reuse[digest], dest)
+                    reused.append((digest, dest))
+                    continue
+                except OSError:
+                    pass
+            if _link_blob(src, dest, epoch):
+                if digest not in fresh:
+                    linked.append((digest, dest))
+            else:
                 _copy_verified(store, digest, src, dest)
+        bad = _hash_all(reused + linked)
+        for digest, dest in reused:
+            if dest in bad:  # the previous output's copy did not hold: the store's, hashed
+                dest.unlink()
+                src = sources[digest]
+                if _link_blob(src, dest, epoch):
+                    linked.append((digest, dest))
+                    bad |= _hash_all([(digest, dest)])
+                else:
+                    _copy_verified(store, digest, src, dest)
+        for digest, dest in linked:
+            if dest in bad:
+                actual = sha256_file(dest)
+                dest.unlink()
+                raise _moved_aside(store, digest, sources[digest], actual)
+        for digest in sources:  # the store's stamp of a linked blob, after its meta is set
+            dest = bdir / digest.split(":", 1)[1]
+            _fix_meta(dest, 0o644, epoch)
+            if dest.stat().st_ino == _inode(sources[digest]):
+                store._write_stamp(digest, store._stat_key(sources[digest]))
         (tmp / "oci-layout").write_bytes(canonical_json({"imageLayoutVersion": "1.0.0"}))
         (tmp / "index.json").write_bytes(index_raw)
         for p in bdir.iterdir():
