@@ -20,7 +20,6 @@ later call returns that layout and digest instantly. The file's model is frank.m
 from __future__ import annotations
 
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from frank.build.baselayout import BaseImage

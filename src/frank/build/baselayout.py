@@ -17,7 +17,6 @@ from frank.errors import FrankError
 from frank.fsutil import write_atomic
 from frank.store.blobs import DIGEST_RE, BlobStore
 
-
 # Left out of the test base: caches and docs a container never needs (as Debian's slim images).
 ROOTFS_PRUNE = (
     "var/cache/apt", "var/lib/apt/lists", "usr/share/doc", "usr/share/man", "usr/share/info",

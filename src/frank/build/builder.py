@@ -14,11 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from frank.image.progress import status
 from frank.build.context import stage_layer
+from frank.build.plan import BuildPlan, PlanLayer
 from frank.errors import FrankError
 from frank.hashing import sha256_json
-from frank.build.plan import BuildPlan, PlanLayer
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -21,11 +21,11 @@ import tempfile
 from pathlib import Path
 from string import Template
 
+from frank.build.plan import BuildPlan, PlanLayer
 from frank.errors import FrankError
 from frank.hashing import check_link_inside, tree_files
-from frank.resolve.lock import Lock, render_lock
 from frank.model.pins import CONTROL_CHARS
-from frank.build.plan import BuildPlan, PlanLayer
+from frank.resolve.lock import Lock, render_lock
 
 PLAIN_PATH = re.compile(r"[A-Za-z0-9_.+/-]+")
 

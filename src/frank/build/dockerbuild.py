@@ -13,9 +13,9 @@ goes to the daemon as a tar that says nothing of this host (``context_tar``); th
 read back (``docker save``), every blob hashed into the store on the way and checked: the
 config against the id the daemon reports, each layer against the config's diff_ids, the
 first layers against the pinned base (``read_export``; the daemon's copy of the base, which
-builds reuse, goes when that fails, so an edited one is loaded anew); then the layers the build added get
-every file time set to the step's stamp, and the config keeps only what the Dockerfile
-declared, with the stamp as every time the build added (``canonical_config``).
+builds reuse, goes when that fails, so an edited one is loaded anew); then the layers the
+build added get every file time set to the step's stamp, and the config keeps only what the
+Dockerfile declared, with the stamp as every time the build added (``canonical_config``).
 """
 
 from __future__ import annotations

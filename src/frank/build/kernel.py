@@ -34,9 +34,9 @@ import zipfile
 from pathlib import Path
 
 from frank.errors import FrankError
-from frank.store.fetch import Fetcher, Pinned
 from frank.hashing import sha256_json, sha256_tree, tree_files
 from frank.model.kinds.kernel import Kernel
+from frank.store.fetch import Fetcher, Pinned
 
 BUILD_ROOT = Path("/tmp/frank-kernel-build")  # the fixed path every isolated build sees
 LAYOUT = "frank-kernelbuild/1"  # bump when the unpacked layout or the build env changes

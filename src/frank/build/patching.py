@@ -10,17 +10,16 @@ wheel never compiles, tests, tools) are reported, not applied.
 
 from __future__ import annotations
 
-import re
 import shutil
-from collections.abc import Callable
 import subprocess
 import tempfile
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from frank.errors import FrankError
-from frank.model.diffs import FileDiff, split_diff
+from frank.model.diffs import split_diff
 
 
 def wheel_packages(wheel: Path) -> set[str]:

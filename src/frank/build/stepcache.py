@@ -26,8 +26,8 @@ import tarfile
 import tempfile
 from pathlib import Path, PurePosixPath
 
-from frank.image.oci import layout_blob_path, read_layout_blob, resolve_manifest
 from frank.build.plan import PlanLayer
+from frank.image.oci import layout_blob_path, read_layout_blob, resolve_manifest
 
 MARKER = "frank-layer"
 

@@ -14,17 +14,11 @@ without compression (a deflate stream depends on the zlib build, as the layer ta
 from __future__ import annotations
 
 import base64
-import fnmatch
 import hashlib
-import tomllib
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
 
-from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from frank.errors import FrankError
 from frank.model.pyproject import Project, read_project

@@ -12,15 +12,15 @@ import hashlib
 from collections.abc import Iterable
 from pathlib import Path
 
-from frank.image.progress import status
-from frank.store.fetch import Fetcher, Pinned
 from frank.build.baselayout import BaseImage, cached_base, layout_from_layer
-from frank.resolve.debs.lock import DebsLock, current_lock
-from frank.model.imagefile import DebsSource
-from frank.resolve.debs.resolver import archive_roots
 from frank.image.layer import LAYER_FORMAT
 from frank.image.oci import canonical_json
+from frank.image.progress import status
+from frank.model.imagefile import DebsSource
+from frank.resolve.debs.lock import DebsLock, current_lock
+from frank.resolve.debs.resolver import archive_roots
 from frank.store.blobs import BlobStore
+from frank.store.fetch import Fetcher, Pinned
 
 # Bump when the same lock would give different layer bytes.
 DEBS_BASE_FORMAT = "frank-debs-base-1"

@@ -30,8 +30,8 @@ from debian.deb822 import Deb822
 from debian.debfile import DebError, DebFile
 
 from frank.errors import FrankError
-from frank.resolve.debs.lock import LockedDeb
 from frank.image.layer import Entry, write_tar
+from frank.resolve.debs.lock import LockedDeb
 
 MERGED_USR = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 ALWAYS_LINKED = ("bin", "sbin", "lib")
