@@ -114,8 +114,8 @@ def build(c: docker.DockerClient, context: Path, dockerfile: str, tag: str,
     from docker.errors import DockerException
     from requests.exceptions import RequestException
 
+    from frank.build.buildlog import build_failed, stream_logged
     from frank.build.dockerapi import where
-    from frank.build.engines import build_failed, stream_logged
 
     errors: list[str] = []
 

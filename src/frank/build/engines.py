@@ -33,11 +33,12 @@ import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from frank.build.buildlog import build_failed, stream_logged
 from frank.errors import FrankError
 from frank.image.oci import (
     image_view,
@@ -334,10 +335,6 @@ def _run(args: list[str], what: str, *, input_text: str | None = None,
 
 
 # Lines of a build log that say why it failed, best first.
-_WHY = re.compile(r"CERTIFICATE_VERIFY_FAILED|No matching distribution|ERROR|[Ee]rror[: ]|"
-                  r"[Ff]ailed|not found|No such file")
-
-
 def build_secrets(folder: Path) -> dict[str, Path]:
     """The host's CA bundle and an index-only pip.conf, as files for ``--secret``."""
     from frank.store.fetch import ca_bundle
@@ -375,33 +372,6 @@ def run_logged(args: list[str], what: str, *, log: Path, timeout: float | None =
     code = proc.wait()
     if code != 0:
         raise build_failed(what, f"exit {code}", tail, log)
-
-
-def stream_logged(lines: Iterable[str], what: str, *, log: Path, head: str,
-                  timeout: float | None = None) -> list[str]:
-    """Write a build's output ``lines`` to ``log`` after ``head``, with a progress line
-    showing the latest; returns the last 200 (what a failure is quoted from)."""
-    import time
-
-    from rich.console import Console
-
-    start = time.monotonic()
-    tail: list[str] = []
-    with log.open("a", encoding="utf-8") as out, Console(stderr=True).status(what) as status:
-        out.write(head + "\n")
-        for line in lines:
-            out.write(line)
-            tail = [*tail[-199:], line.rstrip()]
-            status.update(f"{what}: {line.strip()[:100]}")
-            if timeout is not None and time.monotonic() - start > timeout:
-                raise FrankError(f"{what} timed out after {timeout} s (log {log})")
-    return tail
-
-
-def build_failed(what: str, how: str, tail: list[str], log: Path) -> FrankError:
-    """One line for a failed build: the log's lines that say why, and the log."""
-    why = [x.strip() for x in tail if _WHY.search(x)][-3:] or [x for x in tail if x][-1:]
-    return FrankError(f"{what} failed ({how}): {' | '.join(why)} (log {log})")
 
 
 @contextlib.contextmanager
