@@ -68,6 +68,28 @@ def test_the_merge_honours_whiteouts_opaque_folders_and_files_over_folders(
     assert entry is not None and view.read(0, entry) == b"long"
 
 
+def test_under_lists_exactly_what_lies_strictly_below_a_folder(tmp_path: Path) -> None:
+    """The binary search over sorted paths neither misses a member nor takes a neighbour
+    whose name only starts like the folder's (``pkg-1.0.dist-info-x``, ``pkg-1.0.dist-infoz``),
+    and sees paths a second layer adds."""
+    lower = _layer(tmp_path / "0.tar", [
+        ("site/pkg-1.0.dist-info/RECORD", "file", b"r"),
+        ("site/pkg-1.0.dist-info/sub/deep", "file", b"d"),
+        ("site/pkg-1.0.dist-info-x/RECORD", "file", b"x"),
+        ("site/pkg-1.0.dist-infoz", "file", b"z"), ("site/pkg-1.0.dist-info", "dir", b""),
+        ("site/a", "file", b"a"), ("zz/last", "file", b"l"),
+    ])
+    upper = _layer(tmp_path / "1.tar", [("site/pkg-1.0.dist-info/INSTALLER", "file", b"i")])
+    view = merge([read_layer(0, lower), read_layer(1, upper)])
+    got = [p for p, _ in view.under("/site/pkg-1.0.dist-info/")]
+    assert got == ["site/pkg-1.0.dist-info/INSTALLER", "site/pkg-1.0.dist-info/RECORD",
+                   "site/pkg-1.0.dist-info/sub/deep"]
+    assert [p for p, _ in view.under("zz")] == ["zz/last"]
+    assert list(view.under("nowhere")) == []
+    assert {p for p, _ in view.under("site")} == {p for p in view.visible
+                                                  if p.startswith("site/")}
+
+
 def test_a_truncated_layer_is_one_line(tmp_path: Path) -> None:
     from frank.errors import FrankError
 

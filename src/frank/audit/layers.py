@@ -17,6 +17,7 @@ lower layers only, never to its own layer.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import os
 from collections.abc import Iterator
@@ -70,6 +71,7 @@ class MergedView:
 
     layers: list[LayerRead]
     visible: dict[str, tuple[int, Entry]] = field(default_factory=dict)
+    _order: list[str] = field(default_factory=list, repr=False)  # visible's keys, sorted
 
     def get(self, path: str) -> Entry | None:
         """The visible entry at ``path`` (``/usr/x`` or ``usr/x``), hardlinks resolved."""
@@ -101,11 +103,17 @@ class MergedView:
         return hit[1] if hit and hit[1].kind == "file" else None
 
     def under(self, folder: str) -> Iterator[tuple[str, Entry]]:
-        """Visible entries strictly under ``folder``."""
+        """Visible entries strictly under ``folder``, in path order: a binary search in the
+        sorted paths (a scan of all 70,000 for each of served's 196 distributions was a
+        third of its audit)."""
+        if len(self._order) != len(self.visible):
+            self._order = sorted(self.visible)
         prefix = folder.strip("/") + "/"
-        for path, (_, entry) in self.visible.items():
-            if path.startswith(prefix):
-                yield path, entry
+        for at in range(bisect.bisect_left(self._order, prefix), len(self._order)):
+            path = self._order[at]
+            if not path.startswith(prefix):
+                break
+            yield path, self.visible[path][1]
 
 
 def _num(field: bytes) -> int:
