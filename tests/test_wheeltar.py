@@ -125,26 +125,71 @@ def test_streamed_tar_is_the_staged_tar(wheels: list[tuple[str, Path]], tmp_path
     assert streamed_bytes(wheels[::-1], tmp_path) != streamed
 
 
-def test_a_record_that_lies_is_refused_not_written(tmp_path: Path) -> None:
-    liar = make_wheel(tmp_path, "liar", "1.0", {"liar/__init__.py": (b"x = 1\n", 0o644)},
-                      lie="liar/__init__.py")
-    members = plan_wheels([(liar.name, liar)], SITE)
-    with pytest.raises(StreamRefused, match="RECORD hash"), \
+def _audit_of(tar: Path, wheel: Path, name: str) -> list[tuple[str, str]]:
+    """(path, check) of every difference the audit finds between a layer and the pinned
+    wheel's RECORD."""
+    from frank.audit.checks import Checker
+    from frank.audit.expect import Expected, WantDist, wheel_record
+    from frank.audit.layers import merge, read_layer
+
+    view = merge([read_layer(0, tar)])
+    want = Expected(site=SITE.strip("/"),
+                    dists={name: WantDist(name, "1.0", "p", wheel_record(wheel))})
+    diffs, _, _ = Checker(view, want, 0).run()
+    return [(d.path, d.check) for d in diffs]
+
+
+def test_a_record_that_lies_is_written_as_claimed_and_the_audit_names_the_file(
+        tmp_path: Path) -> None:
+    """The tar pass no longer hashes each file against its RECORD claim (a second sha256
+    of every byte): a wheel whose RECORD lies streams, and the audit, which holds the image
+    to the pinned wheel's RECORD, names the file. An honest wheel passes the same audit."""
+    files = {"liar/__init__.py": (b"x = 1\n", 0o644), "liar/ok.py": (b"y = 2\n", 0o644)}
+    (tmp_path / "l").mkdir()
+    (tmp_path / "h").mkdir()
+    liar = make_wheel(tmp_path / "l", "liar", "1.0", files, lie="liar/__init__.py")
+    honest = make_wheel(tmp_path / "h", "liar", "1.0", files)
+    for wheel in (liar, honest):
+        with (tmp_path / f"{wheel.parent.name}.tar").open("wb") as f:
+            write_wheel_tar(plan_wheels([(wheel.name, wheel)], SITE), EPOCH, f)
+    path = f"/{SITE.strip('/')}/liar/__init__.py"
+    assert _audit_of(tmp_path / "l.tar", liar, "liar") == [(path, "file of liar differs")]
+    assert _audit_of(tmp_path / "h.tar", honest, "liar") == []
+
+
+def test_a_member_that_is_not_its_zip_size_is_refused(wheels: list[tuple[str, Path]],
+                                                     tmp_path: Path) -> None:
+    members = plan_wheels(wheels, SITE)
+    big = next(m for arc, m in members.items() if arc.endswith("alpha/big.bin"))
+    big.size += 1  # as a zip whose directory says more than its data holds
+    with pytest.raises(StreamRefused, match="bytes its zip says"), \
             (tmp_path / "t.tar").open("wb") as f:
         write_wheel_tar(members, EPOCH, f)
 
 
-def test_pipeline_streams_and_falls_back_to_staging(tmp_path: Path,
-                                                    wheels: list[tuple[str, Path]]) -> None:
-    """Two wheel layers, one with a lying RECORD: both get blobs and index entries, the
-    honest one streamed, the liar staged (its RECORD then holds what was really written)."""
-    liar = make_wheel(tmp_path, "liar", "1.0", {"liar/__init__.py": (b"x = 1\n", 0o644)},
-                      lie="liar/__init__.py")
+def _without_record(wheel: Path, folder: Path) -> Path:
+    """The wheel with its RECORD left out: installer refuses it, by either route."""
+    out = folder / wheel.name
+    with zipfile.ZipFile(wheel) as zin, zipfile.ZipFile(out, "w") as zout:
+        for info in zin.infolist():
+            if not info.filename.endswith(".dist-info/RECORD"):
+                zout.writestr(info, zin.read(info))
+    return out
+
+
+def test_pipeline_streams_and_hands_a_refused_layer_to_staging(
+        tmp_path: Path, wheels: list[tuple[str, Path]]) -> None:
+    """A wheel layer streamed (its blob and index entry made); then a layer installer
+    refuses, handed to the staging route, whose own error is what is raised. (Two calls:
+    in one, which result comes back first is up to the workers.)"""
+    (tmp_path / "bad").mkdir()
+    bad = _without_record(make_wheel(tmp_path / "bad", "bad", "1.0",
+                                     {"bad/__init__.py": (b"", 0o644)}), tmp_path)
     store = BlobStore(tmp_path / "cache")
     mirror = tmp_path / "mirror"
     mirror.mkdir()
     refs = {}
-    for name, path in [*wheels, (liar.name, liar)]:
+    for name, path in [*wheels, (bad.name, bad)]:
         sha = hashlib.sha256(path.read_bytes()).hexdigest()
         (mirror / sha).write_bytes(path.read_bytes())
         refs[name] = WheelRef(name=name.split("-")[0], version="1", filename=name,
@@ -157,10 +202,12 @@ def test_pipeline_streams_and_falls_back_to_staging(tmp_path: Path,
                       wheels=[refs[n] for n in names])
         return x, LayerInput(name=x.name, key=f"{i:064x}", entries=((store.tmp_dir, "/"),))
 
-    missing = [layer(1, [n for n, _ in wheels]), layer(2, [liar.name])]
+    missing = [layer(1, [n for n, _ in wheels]), layer(2, [bad.name])]
     fetcher = Fetcher(store, [mirror])
+    staged: list[str] = []
 
     def stage(x: PlanLayer, spec: LayerInput) -> str:
+        staged.append(x.name)
         with tempfile.TemporaryDirectory(dir=store.tmp_dir) as tmp:
             install_wheels([(w.filename, fetcher.fetch(Pinned(w.url, w.sha256)))
                             for w in x.wheels], Path(tmp), SITE)
@@ -169,14 +216,18 @@ def test_pipeline_streams_and_falls_back_to_staging(tmp_path: Path,
         return rec.digest
 
     notes: list[str] = []
-    made = build_missing(missing, site=SITE, epoch=EPOCH, fetcher=fetcher, stage=stage,
+    made = build_missing(missing[:1], site=SITE, epoch=EPOCH, fetcher=fetcher, stage=stage,
                          note=notes.append)
-    assert made.streamed == ["python:l1"] and made.staged == ["python:l2"]
-    assert any("does not match its RECORD hash" in n for n in notes)
+    assert made.streamed == ["python:l1"] and staged == []
     key1 = index_key(missing[0][1], EPOCH)
     rec1 = indexed(store, key1)  # the streamed blob names its key: a hit for the next build
     assert rec1 is not None and rec1.digest in made.fresh
     assert store.path(rec1.digest).read_bytes() == staged_bytes(wheels, key1)
+    with pytest.raises(Exception, match="RECORD"):
+        build_missing(missing[1:], site=SITE, epoch=EPOCH, fetcher=fetcher, stage=stage,
+                      note=notes.append)
+    assert staged == ["python:l2"]
+    assert any(n.startswith("layer 2 python:l2: not streamed") for n in notes), notes
 
 
 def test_layout_links_the_store_blob_and_hashes_what_it_did_not_write(tmp_path: Path) -> None:

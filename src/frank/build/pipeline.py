@@ -78,7 +78,7 @@ def build_missing(missing: list[tuple[PlanLayer, LayerInput]], *, site: str, epo
 
     ``stage(layer, spec_layer)`` builds one layer the staging way and returns its blob's
     digest; it is called for the layers that cannot be streamed, and for a streamed layer
-    whose wheel refuses streaming (its RECORD does not hold), so that layer's bytes are
+    whose wheel refuses streaming (a zip that does not read back), so that layer's bytes are
     whatever the staging route makes of it. The log's "at N s" counts from ``since`` (a
     ``time.monotonic()`` value; the build's start), else from this call.
     """
