@@ -11,6 +11,11 @@ On a scratch copy of the repo (mhc-overlap taken back: its URL is unreachable he
   one-part   the region-cache plugin's source changed (goal < 2 s)
   warm-dl    every layer blob and index entry dropped, the downloads kept (goal <= 40 s for
              served): must give the cold digest again
+  audit      the audit's own seconds inside the cold and warm-dl composes (it reads every
+             layer of the image once more and holds it to the lock)
+  serve      served-cpu composed in the same scratch cache, then `frank run served-cpu` to
+             /health of a tiny local model: with an empty engine storage (the image imported
+             and checked first) and again warm (skip with --no-serve)
 
 Each frank run is its own process; its peak memory is the child's max RSS (os.wait4), goal
 <= 1 GB. uv's target and cache are removed before frank starts, so the disk holds one
@@ -18,7 +23,8 @@ closure at a time (served: about 10 GB for uv, 14 GB for frank). Both cold runs 
 network-bound: run them on a quiet machine and quote the ratio, not the seconds.
 
 Usage: .venv/bin/python bench/build_speed_bench.py [--stack served] [--noop 5]
-       [--expect sha256:...] [--results bench/results/build-speed-DATE.md]
+       [--expect sha256:...] [--no-serve] [--results bench/results/build-speed-DATE.md]
+The served-cpu starts need buildah and port 8000 free.
 """
 
 from __future__ import annotations
@@ -45,8 +51,10 @@ UV = Path(sys.executable).with_name("uv")
 CA = "/etc/ssl/certs/ca-certificates.crt"
 
 
-def timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, int, str, str]:
-    """(wall seconds, peak RSS in bytes, stdout, stderr) of one child process."""
+def timed(cmd: list[str], cwd: Path, env: dict[str, str]
+          ) -> tuple[float, int, float, str, str]:
+    """(wall seconds, peak RSS in bytes, CPU seconds (user + sys, its children's included),
+    stdout, stderr) of one child process."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=err)
@@ -58,33 +66,58 @@ def timed(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, int, s
         stdout, stderr = out.read().decode(), err.read().decode()
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd[:4])}: exit {proc.returncode}: {stderr[-2000:]}")
-    return elapsed, usage.ru_maxrss * 1024, stdout, stderr
+    cpu = usage.ru_utime + usage.ru_stime
+    return elapsed, usage.ru_maxrss * 1024, cpu, stdout, stderr
 
 
 def frank(repo: Path, cache: Path, *args: str) -> tuple[float, int, dict]:
     env = {k: v for k, v in os.environ.items() if k != "SOURCE_DATE_EPOCH"}
     env["FRANK_CACHE"] = env["FRANK_CACHE_DIR"] = str(cache)
-    wall, rss, out, _ = timed([sys.executable, "-m", "frank", *args], repo, env)
-    return wall, rss, json.loads(out) if out.startswith("{") else {}
+    wall, rss, cpu, out, _ = timed([sys.executable, "-m", "frank", *args], repo, env)
+    doc = json.loads(out) if out.startswith("{") else {}
+    doc["_cpu"] = cpu
+    return wall, rss, doc
 
 
 def compose(repo: Path, cache: Path, out: Path, stack: str) -> tuple[float, int, dict]:
     return frank(repo, cache, "compose", f"stacks/{stack}.toml", "--json", "--out", str(out))
 
 
-def uv_cold(repo: Path, stack: str, scratch: Path) -> tuple[float, int]:
+def uv_cold(repo: Path, stack: str, scratch: Path) -> tuple[float, int, float]:
     env = dict(os.environ)
     env.update({"UV_CACHE_DIR": str(scratch / "uv-cache"), "SSL_CERT_FILE": CA,
                 "UV_NO_CONFIG": "1"})
     target = scratch / "uv-target"
-    wall, _, _, _ = timed([str(UV), "pip", "install", "--target", str(target),
+    wall, _, cpu, _, _ = timed([str(UV), "pip", "install", "--target", str(target),
                                "--python", sys.executable,
                                "--python-platform", "x86_64-manylinux_2_36",
                                "-r", f"stacks/pylock.{stack}.toml", "-q"], repo, env)
     size = sum(p.stat().st_size for p in target.rglob("*") if p.is_file() and not p.is_symlink())
     shutil.rmtree(target)
     shutil.rmtree(scratch / "uv-cache")
-    return wall, size
+    return wall, size, cpu
+
+
+def serve_rows(repo: Path, cache: Path, scratch: Path) -> list[tuple[str, str, str]]:
+    """served-cpu composed in the bench's cache, then started with an empty engine storage
+    (its own FRANK_CACHE: the image is imported from the layout and checked) and again."""
+    from bench.serve_image_bench import start_to_health
+    from tests.fixtures.local_hub import publish
+    from tests.fixtures.tiny_model import build_tiny_model
+
+    hub = scratch / "hub"
+    publish(build_tiny_model(scratch / "model"), hub, "frank-test/tiny-llama")
+    t, _, doc = frank(repo, cache, "compose", "stacks/served-cpu.toml", "--json")
+    rows = [("compose served-cpu (same cache)", f"{t:.1f} s",
+             f"{doc['image']['layers_built']} layers built; digest {doc['image']['digest']}")]
+    env = {k: v for k, v in os.environ.items() if k != "SOURCE_DATE_EPOCH"}
+    env["FRANK_CACHE"] = env["FRANK_CACHE_DIR"] = str(scratch / "run-cache")
+    cmd = [sys.executable, "-m", "frank", "run", "served-cpu", "--hub-cache", str(hub)]
+    for what in ("empty engine storage", "warm"):
+        took = start_to_health(cmd, env, 8000, scratch / f"run-{what[:4]}.log", cwd=repo)
+        rows.append((f"frank run served-cpu to /health, {what}", f"{took:.1f} s",
+                     "tiny local model on the CPU"))
+    return rows
 
 
 def free_gb(path: Path) -> float:
@@ -102,6 +135,7 @@ def main() -> None:
                     help="refuse to start frank's cold build with less free disk (served "
                          "needs 14 GB: 4.3 GB of wheels and 9.7 GB of layer blobs)")
     ap.add_argument("--results", type=Path)
+    ap.add_argument("--no-serve", action="store_true", help="skip the served-cpu starts")
     args = ap.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="build-speed-", dir=args.scratch))
     rows: list[tuple[str, str, str]] = []
@@ -115,9 +149,9 @@ def main() -> None:
         print(f"disk free at start: {free_gb(scratch):.1f} GB", flush=True)
         uv_wall = None
         if not args.skip_uv:
-            uv_wall, uv_bytes = uv_cold(repo, args.stack, scratch)
+            uv_wall, uv_bytes, uv_cpu = uv_cold(repo, args.stack, scratch)
             rows.append(("uv pip install --target, empty uv cache", f"{uv_wall:.1f} s",
-                         f"{uv_bytes / 1e9:.2f} GB installed; the anchor"))
+                         f"{uv_bytes / 1e9:.2f} GB installed; {uv_cpu:.1f} CPU s; the anchor"))
             print(rows[-1], flush=True)
         cache, out = scratch / "cache", scratch / "out"
         if free_gb(scratch) < args.min_free_gb:
@@ -129,8 +163,8 @@ def main() -> None:
             shutil.copyfile(out / "build.log", args.results.with_suffix(".cold-build.log"))
         ratio = f"; {cold / uv_wall:.2f}x uv (goal <= 1.5x)" if uv_wall else ""
         rows.append(("frank compose, empty cache", f"{cold:.1f} s",
-                     f"{doc['image']['layers_built']} layers; peak RSS "
-                     f"{cold_rss / 1e6:.0f} MB{ratio}"))
+                     f"{doc['image']['layers_built']} layers; {doc['_cpu']:.1f} CPU s; "
+                     f"peak RSS {cold_rss / 1e6:.0f} MB{ratio}"))
         print(rows[-1], digest, flush=True)
         if args.expect and digest != args.expect:
             raise SystemExit(f"cold digest {digest} is not the expected {args.expect}")
@@ -151,12 +185,20 @@ def main() -> None:
         warm, warm_rss, doc2 = compose(repo, cache, out, args.stack)
         same = doc2["image"]["digest"] == digest
         rows.append(("warm downloads, no layer blobs", f"{warm:.1f} s",
-                     f"{doc2['image']['layers_built']} layers; peak RSS "
+                     f"{doc2['image']['layers_built']} layers; {doc2['_cpu']:.1f} CPU s; "
+                     f"peak RSS "
                      f"{warm_rss / 1e6:.0f} MB; digest {'identical' if same else 'DIFFERENT'}"
                      f"; goal <= 40 s"))
         print(rows[-1], flush=True)
         rows.append(("peak memory of compose", f"{max(cold_rss, warm_rss) / 1e9:.2f} GB",
                      "max RSS of the cold and warm-dl processes; goal <= 1 GB"))
+        for what, d in (("cold", doc), ("warm-dl", doc2)):
+            rows.append((f"audit, inside the {what} compose", f"{d['audit']['seconds']:.1f} s",
+                         f"{d['audit']['cpu_seconds']:.1f} CPU s, {d['audit']['files']} "
+                         f"files; ok {d['audit']['ok']}"))
+        if not args.no_serve:
+            rows += serve_rows(repo, cache, scratch)
+            print(rows[-3:], flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     load = os.getloadavg()

@@ -42,10 +42,14 @@ def healthy(port: int) -> bool:
         return False
 
 
-def start_to_health(cmd: list[str], env: dict[str, str], port: int, log: Path) -> float:
+def start_to_health(cmd: list[str], env: dict[str, str], port: int, log: Path,
+                    cwd: Path = ROOT) -> float:
+    """Seconds from starting ``cmd`` to /health answering 200; then it is stopped."""
+    if healthy(port):
+        raise SystemExit(f"something already answers on port {port}")
     start = time.perf_counter()
     with log.open("w") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         while not healthy(port):
             if proc.poll() is not None:

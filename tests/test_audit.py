@@ -164,6 +164,35 @@ def test_a_changed_file_in_a_rewritten_layer_is_named(built: Path, tmp_path: Pat
 
 
 @pytest.mark.slow
+def test_layers_the_build_read_as_it_wrote_them_are_what_the_audit_checks(
+        built: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """compose hands the audit each streamed layer's entries as the build's tap read them
+    (its bytes are not read back): the audit holds exactly those to the lock. Handed the
+    layers' true entries it passes without reading them; handed one wrong file hash, it
+    names that file: so only a build's own reading may be handed in."""
+    from frank.audit.auditor import audit_layout
+    from frank.audit.layers import read_layer
+    from frank.image.oci import layout_blob_path, resolve_manifest
+
+    monkeypatch.chdir(built)
+    layout = built / "out" / "audited" / "image"
+    _, _, manifest = resolve_manifest(layout)
+    digests = [str(d["digest"]) for d in manifest["layers"]]
+    known = {d: read_layer(i, layout_blob_path(layout, d)).entries
+             for i, d in enumerate(digests)}
+    report = audit_layout(layout, None, built, known=known)
+    assert report.ok and report.cost.read_in_build == len(set(digests))
+    target = f"{SITE}/frank_region_cache/__init__.py"
+    holder = next(d for d, es in known.items() if any(e.path == target for e in es))
+    entry = next(e for e in known[holder] if e.path == target)
+    entry.sha256 = hashlib.sha256(b"not this file").hexdigest()
+    report = audit_layout(layout, None, built, known=known)
+    assert not report.ok
+    assert [d.path for d in report.differences] == ["/" + target]
+    assert audit_layout(layout, None, built).ok  # read from the blobs: the image is fine
+
+
+@pytest.mark.slow
 def test_a_record_rewritten_to_match_is_caught_by_the_pinned_source(built: Path,
                                                                     tmp_path: Path) -> None:
     """The file and its RECORD line both changed: the image agrees with itself, not with

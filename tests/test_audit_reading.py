@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from frank.audit.cuda import file_reader, list_with_cuobjdump, read_cuda
-from frank.audit.layers import merge, read_layer
+from frank.audit.layers import TarReader, merge, read_layer
 from frank.model.archs import parse_arch, runs_on
 
 NVCC = shutil.which("nvcc")
@@ -97,6 +97,42 @@ def test_a_truncated_layer_is_one_line(tmp_path: Path) -> None:
     blob.write_bytes(blob.read_bytes()[:2048])
     with pytest.raises(FrankError, match="not a readable tar"):
         read_layer(0, blob)
+
+
+def _fields(entries: list) -> list[tuple]:
+    return [(e.path, e.kind, e.size, e.offset, e.mode, e.link, e.sha256, e.head, e.cuda,
+             e.cuda_read) for e in entries]
+
+
+def test_bytes_fed_in_any_pieces_read_as_the_blob_does(tmp_path: Path) -> None:
+    """A build feeds the reader its tar in the writer's pieces (a 512-byte header, a
+    member's 1 MB chunks, its padding): every split gives what reading the blob gives, the
+    same paths, offsets and hashes, PAX long names and links included; a tar cut short
+    raises when closed, as the blob read does."""
+    import random
+
+    deep = "d/" + "very_long_folder_name/" * 8 + "file.txt"
+    blob = _layer(tmp_path / "0.tar", [
+        ("usr", "dir", b""), (deep, "file", b"deep\n"), ("usr/x", "file", os.urandom(70_000)),
+        ("usr/empty", "file", b""), ("usr/elf", "file", b"\x7fELF" + bytes(600)),
+        ("usr/l", "link", ("t/" * 60).encode()), ("usr/.wh.gone", "file", b""),
+    ])
+    want = _fields(read_layer(0, blob).entries)
+    data = blob.read_bytes()
+    rng = random.Random(7)
+    for sizes in ([1], [511, 513], [7, 4096, 3], [len(data)]):
+        reader, at = TarReader(), 0
+        while at < len(data):
+            step = sizes[rng.randrange(len(sizes))]
+            reader.feed(data[at:at + step])
+            at += step
+        assert _fields(reader.close()) == want, sizes
+    short = TarReader()
+    short.feed(data[:700])
+    with pytest.raises(ValueError, match="middle of a member"):
+        short.close()
+    assert any(p == deep and s == hashlib.sha256(b"deep\n").hexdigest()
+               for p, _, _, _, _, _, s, *_ in want)
 
 
 @pytest.mark.parametrize(("code", "ptx", "device", "runs"), [

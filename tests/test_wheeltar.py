@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from frank.audit.layers import TarReader, read_layer
 from frank.build.baselayout import layout_from_rootfs
 from frank.build.install import install_wheels
 from frank.build.pipeline import build_missing
@@ -130,7 +131,7 @@ def _audit_of(tar: Path, wheel: Path, name: str) -> list[tuple[str, str]]:
     wheel's RECORD."""
     from frank.audit.checks import Checker
     from frank.audit.expect import Expected, WantDist, wheel_record
-    from frank.audit.layers import merge, read_layer
+    from frank.audit.layers import merge
 
     view = merge([read_layer(0, tar)])
     want = Expected(site=SITE.strip("/"),
@@ -217,12 +218,18 @@ def test_pipeline_streams_and_hands_a_refused_layer_to_staging(
 
     notes: list[str] = []
     made = build_missing(missing[:1], site=SITE, epoch=EPOCH, fetcher=fetcher, stage=stage,
-                         note=notes.append)
+                         note=notes.append, tap=TarReader)
     assert made.streamed == ["python:l1"] and staged == []
     key1 = index_key(missing[0][1], EPOCH)
     rec1 = indexed(store, key1)  # the streamed blob names its key: a hit for the next build
     assert rec1 is not None and rec1.digest in made.fresh
     assert store.path(rec1.digest).read_bytes() == staged_bytes(wheels, key1)
+    # the tap saw the bytes the blob holds: the entries the audit would read back from it
+    tapped = made.tapped[rec1.digest]
+    assert [(e.path, e.offset, e.size, e.sha256) for e in tapped] == \
+        [(e.path, e.offset, e.size, e.sha256)
+         for e in read_layer(0, store.path(rec1.digest)).entries]
+    assert any(e.path.endswith("alpha/big.bin") and e.size == 3_300_000 for e in tapped)
     with pytest.raises(Exception, match="RECORD"):
         build_missing(missing[1:], site=SITE, epoch=EPOCH, fetcher=fetcher, stage=stage,
                       note=notes.append)

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from frank.audit.checks import Checker, config, cuda_summary, declared_archs
 from frank.audit.expect import expected
-from frank.audit.layers import MergedView, read_image, read_large_cuda
+from frank.audit.layers import Entry, MergedView, read_image, read_large_cuda
 from frank.audit.report import AuditReport, Cost, Difference, load_record, save_record
 from frank.errors import FrankError
 from frank.image.oci import layout_blob_path, read_layout_blob, resolve_manifest
@@ -32,9 +33,16 @@ class AuditFailed(FrankError):
 
 def audit_layout(layout: Path, lock: Lock | None, root: Path, *,
                  store: BlobStore | None = None, require_target: bool = False,
-                 workers: int | None = None) -> AuditReport:
+                 workers: int | None = None,
+                 known: Mapping[str, list[Entry]] | None = None) -> AuditReport:
     """Every difference between the image at ``layout`` and ``lock`` (repo at ``root``);
-    without a lock, the one the image carries."""
+    without a lock, the one the image carries.
+
+    ``known``: layer digest -> the entries ``layers.TarReader`` read from the very bytes
+    the build hashed into that digest as it wrote them (in its own worker, handed over
+    in memory, never stored): those layers are not read back. What the audit holds them to
+    is the same: every file's own sha256, parsed from the tar by this module's reader.
+    """
     from frank.build.plan import build_plan
 
     start, cpu = time.perf_counter(), time.process_time()
@@ -52,7 +60,10 @@ def audit_layout(layout: Path, lock: Lock | None, root: Path, *,
         if "gzip" in str(d.get("mediaType", "")) or "zstd" in str(d.get("mediaType", "")):
             raise FrankError("compressed layers are not audited: frank writes uncompressed "
                              "ones (frank compose)", file=path)
-    view = read_image(blobs, workers)
+    known = known or {}
+    mine = {i: known[str(d.get("digest", ""))] for i, d in enumerate(descs)
+            if str(d.get("digest", "")) in known}
+    view = read_image(blobs, workers, mine)
     if lock is None:
         lock = _carried(view, layout)
     plan = build_plan(lock, root)
@@ -76,7 +87,7 @@ def audit_layout(layout: Path, lock: Lock | None, root: Path, *,
     nfiles = sum(1 for _, e in view.visible.values() if e.kind == "file")
     cost = Cost(seconds=round(time.perf_counter() - start, 3),
                 cpu_seconds=round(time.process_time() - cpu, 3), layers=len(blobs),
-                bytes=total, files=nfiles)
+                bytes=total, files=nfiles, read_in_build=len(mine))
     return AuditReport(layout=str(layout), digest=digest, stack=lock.stack,
                        lock_digest=lock.digest, target=want.target, ok=not diffs,
                        require_target=require_target, differences=diffs, notes=want.notes,

@@ -20,10 +20,11 @@ from __future__ import annotations
 import bisect
 import hashlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from frank.audit.cuda import CudaCode, Read, is_elf, read_cuda
 from frank.errors import FrankError
@@ -151,115 +152,148 @@ def read_layer(index: int, blob: Path) -> LayerRead:
 
 
 def _read(blob: Path) -> list[Entry]:
-    entries: list[Entry] = []
-    carry = b""
-    state = "header"
-    remaining = pad = 0
-    cur: Entry | None = None
-    hasher = None
-    kept: bytearray | None = None  # the bytes of a small ELF file passing by
-    meta: bytearray | None = None
-    meta_kind = b""
-    pax: dict[str, str] = {}
-    long_name = long_link = None
-    pos = 0
+    reader = TarReader()
     with blob.open("rb", buffering=0) as f:
         while chunk := f.read(CHUNK):
-            view = memoryview(chunk)
-            i, n = 0, len(chunk)
-            while i < n:
-                if state == "data":
-                    take = min(remaining, n - i)
-                    piece = view[i:i + take]
-                    if hasher is not None:
-                        hasher.update(piece)
-                        if cur is not None and len(cur.head) < 64:
-                            if not cur.head and cur.size <= KEEP_ELF and (
-                                    len(piece) < 4 or is_elf(bytes(piece[:4]))):
-                                kept = bytearray()
-                            cur.head += bytes(piece[:64 - len(cur.head)])
-                        if kept is not None:
-                            kept += piece
-                    elif meta is not None:
-                        meta += piece
-                    i += take
-                    remaining -= take
-                    if remaining:
-                        continue
-                    if hasher is not None and cur is not None:
-                        cur.sha256 = hasher.hexdigest()
-                        if kept is not None and is_elf(cur.head):
-                            cur.cuda = _cuda_of(bytes(kept))
-                            cur.cuda_read = True
-                        kept = None
-                    elif meta is not None and meta_kind in _META:
-                        if meta_kind == b"x":
-                            pax = _pax(bytes(meta))
-                        elif meta_kind == b"L":
-                            long_name = bytes(meta).split(b"\0", 1)[0].decode(
-                                "utf-8", "surrogateescape")
-                        elif meta_kind == b"K":
-                            long_link = bytes(meta).split(b"\0", 1)[0].decode(
-                                "utf-8", "surrogateescape")
-                    hasher, meta = None, None
-                    state = "pad" if pad else "header"
+            reader.feed(chunk)
+    return reader.close()
+
+
+class TarReader:
+    """The layer parser fed the tar's bytes in pieces of any size, as they pass.
+
+    ``read_layer`` feeds it a blob read back from disk; a build can feed it the bytes it is
+    writing into a blob (the same bytes its digest is made of), so that the audit of a layer
+    just made need not read 9.7 GB back (``frank.build.layerpool``'s tap). ``close`` gives
+    the entries, offsets counted from the first byte fed, and raises ``ValueError`` on a tar
+    cut short.
+    """
+
+    def __init__(self) -> None:
+        self.entries: list[Entry] = []
+        self._carry = b""
+        self._state = "header"
+        self._remaining = self._pad = 0
+        self._cur: Entry | None = None
+        self._hasher: Any = None
+        self._kept: bytearray | None = None  # the bytes of a small ELF file passing by
+        self._meta: bytearray | None = None
+        self._meta_kind = b""
+        self._pax: dict[str, str] = {}
+        self._long_name: str | None = None
+        self._long_link: str | None = None
+        self._pos = 0
+
+    def close(self) -> list[Entry]:
+        if self._state != "header" or self._carry:
+            raise ValueError("the tar ends in the middle of a member")
+        return self.entries
+
+    def feed(self, chunk: bytes | bytearray | memoryview) -> None:
+        entries = self.entries
+        carry, state = self._carry, self._state
+        remaining, pad = self._remaining, self._pad
+        cur, hasher, kept, meta = self._cur, self._hasher, self._kept, self._meta
+        meta_kind, pax = self._meta_kind, self._pax
+        long_name, long_link = self._long_name, self._long_link
+        pos = self._pos
+        view = memoryview(chunk)
+        i, n = 0, len(view)
+        while i < n:
+            if state == "data":
+                take = min(remaining, n - i)
+                piece = view[i:i + take]
+                if hasher is not None:
+                    hasher.update(piece)
+                    if cur is not None and len(cur.head) < 64:
+                        if not cur.head and cur.size <= KEEP_ELF and (
+                                len(piece) < 4 or is_elf(bytes(piece[:4]))):
+                            kept = bytearray()
+                        cur.head += bytes(piece[:64 - len(cur.head)])
+                    if kept is not None:
+                        kept += piece
+                elif meta is not None:
+                    meta += piece
+                i += take
+                remaining -= take
+                if remaining:
                     continue
-                if state == "pad":
-                    take = min(pad, n - i)
-                    i += take
-                    pad -= take
-                    if not pad:
-                        state = "header"
-                    continue
-                need = BLOCK - len(carry)
-                if n - i < need:
-                    carry += bytes(view[i:n])
-                    i = n
-                    continue
-                header = carry + bytes(view[i:i + need])
-                carry = b""
-                i += need
-                if header == _ZERO:
-                    continue
-                typeflag = header[156:157]
-                size = _num(header[124:136])
-                if typeflag in _META:
-                    meta, meta_kind, hasher, cur = bytearray(), typeflag, None, None
-                    remaining, pad = size, (-size) % BLOCK
-                    state = "data" if size else ("pad" if pad else "header")
-                    continue
-                name = header[0:100].split(b"\0", 1)[0]
-                if header[257:263] == b"ustar\0":
-                    prefix = header[345:500].split(b"\0", 1)[0]
-                    if prefix:
-                        name = prefix + b"/" + name
-                path = long_name or pax.get("path") or name.decode("utf-8", "surrogateescape")
-                link = long_link or pax.get("linkpath") or header[157:257].split(
-                    b"\0", 1)[0].decode("utf-8", "surrogateescape")
-                if "size" in pax:
-                    size = int(pax["size"])
-                pax, long_name, long_link = {}, None, None
-                path = _norm(path)
-                kind = _KIND.get(typeflag, "other")
-                base = path.rsplit("/", 1)[-1]
-                if base.startswith(".wh."):
-                    kind = "opaque" if base == ".wh..wh..opq" else "whiteout"
-                entry = Entry(path, kind, size if kind == "file" else 0, pos + i,
-                              _num(header[100:108]), link if kind in ("symlink", "hardlink")
-                              else "")
-                entries.append(entry)
+                if hasher is not None and cur is not None:
+                    cur.sha256 = hasher.hexdigest()
+                    if kept is not None and is_elf(cur.head):
+                        cur.cuda = _cuda_of(bytes(kept))
+                        cur.cuda_read = True
+                    kept = None
+                elif meta is not None and meta_kind in _META:
+                    if meta_kind == b"x":
+                        pax = _pax(bytes(meta))
+                    elif meta_kind == b"L":
+                        long_name = bytes(meta).split(b"\0", 1)[0].decode(
+                            "utf-8", "surrogateescape")
+                    elif meta_kind == b"K":
+                        long_link = bytes(meta).split(b"\0", 1)[0].decode(
+                            "utf-8", "surrogateescape")
+                hasher, meta = None, None
+                state = "pad" if pad else "header"
+                continue
+            if state == "pad":
+                take = min(pad, n - i)
+                i += take
+                pad -= take
+                if not pad:
+                    state = "header"
+                continue
+            need = BLOCK - len(carry)
+            if n - i < need:
+                carry += bytes(view[i:n])
+                i = n
+                continue
+            header = carry + bytes(view[i:i + need])
+            carry = b""
+            i += need
+            if header == _ZERO:
+                continue
+            typeflag = header[156:157]
+            size = _num(header[124:136])
+            if typeflag in _META:
+                meta, meta_kind, hasher, cur = bytearray(), typeflag, None, None
                 remaining, pad = size, (-size) % BLOCK
-                if kind == "file":
-                    cur, hasher, meta = entry, hashlib.sha256(), None
-                    if not size:
-                        entry.sha256 = EMPTY_SHA256
-                else:
-                    cur, hasher, meta = None, None, None  # data of other members is skipped
                 state = "data" if size else ("pad" if pad else "header")
-            pos += n
-    if state != "header" or carry:
-        raise ValueError("the tar ends in the middle of a member")
-    return entries
+                continue
+            name = header[0:100].split(b"\0", 1)[0]
+            if header[257:263] == b"ustar\0":
+                prefix = header[345:500].split(b"\0", 1)[0]
+                if prefix:
+                    name = prefix + b"/" + name
+            path = long_name or pax.get("path") or name.decode("utf-8", "surrogateescape")
+            link = long_link or pax.get("linkpath") or header[157:257].split(
+                b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            if "size" in pax:
+                size = int(pax["size"])
+            pax, long_name, long_link = {}, None, None
+            path = _norm(path)
+            kind = _KIND.get(typeflag, "other")
+            base = path.rsplit("/", 1)[-1]
+            if base.startswith(".wh."):
+                kind = "opaque" if base == ".wh..wh..opq" else "whiteout"
+            entry = Entry(path, kind, size if kind == "file" else 0, pos + i,
+                          _num(header[100:108]), link if kind in ("symlink", "hardlink")
+                          else "")
+            entries.append(entry)
+            remaining, pad = size, (-size) % BLOCK
+            if kind == "file":
+                cur, hasher, meta = entry, hashlib.sha256(), None
+                if not size:
+                    entry.sha256 = EMPTY_SHA256
+            else:
+                cur, hasher, meta = None, None, None  # data of other members is skipped
+            state = "data" if size else ("pad" if pad else "header")
+        self._carry, self._state = carry, state
+        self._remaining, self._pad = remaining, pad
+        self._cur, self._hasher, self._kept, self._meta = cur, hasher, kept, meta
+        self._meta_kind, self._pax = meta_kind, pax
+        self._long_name, self._long_link = long_name, long_link
+        self._pos = pos + n
 
 
 def _cuda_of(data: bytes) -> CudaCode | None:
@@ -312,12 +346,17 @@ def _hidden(path: str, cut: set[str]) -> bool:
     return False
 
 
-def read_image(blobs: list[Path], workers: int | None = None) -> MergedView:
-    """Read every layer (biggest first, on all cores) and merge them."""
-    order = sorted(range(len(blobs)), key=lambda i: -blobs[i].stat().st_size)
+def read_image(blobs: list[Path], workers: int | None = None,
+               known: Mapping[int, list[Entry]] | None = None) -> MergedView:
+    """Read every layer (biggest first, on all cores) and merge them. ``known``: layers
+    whose entries the build read as it wrote them (by index), not read again."""
+    known = known or {}
+    order = sorted((i for i in range(len(blobs)) if i not in known),
+                   key=lambda i: -blobs[i].stat().st_size)
     with ThreadPoolExecutor(workers or os.cpu_count() or 1) as pool:
         done = dict(zip(order, pool.map(lambda i: read_layer(i, blobs[i]), order),
                         strict=True))
+    done.update((i, LayerRead(i, blobs[i], entries)) for i, entries in known.items())
     return merge([done[i] for i in range(len(blobs))])
 
 

@@ -65,6 +65,8 @@ class Cost(Model):
     layers: int
     bytes: int
     files: int
+    # layers whose entries the build read from the bytes it wrote (not read back here)
+    read_in_build: int = 0
 
 
 class AuditReport(Model):

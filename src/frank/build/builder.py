@@ -10,9 +10,9 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from frank.build.context import stage_layer
 from frank.build.plan import BuildPlan, PlanLayer
@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
     from rich.console import Console
 
+    from frank.build.layerpool import Tap
+    from frank.build.pipeline import Built
     from frank.image.spec import LayerInput
     from frank.store.blobs import BlobStore
     from frank.store.fetch import Fetcher
@@ -42,6 +44,8 @@ class BuildResult:
     why: str
     layers_built: int
     layers_reused: int
+    # blob digest -> what the caller's tap read of it as it was written (``layerpool``)
+    tapped: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
 def choose_builder(plan: BuildPlan, requested: Builder) -> tuple[str, str]:
@@ -72,7 +76,8 @@ def choose_builder(plan: BuildPlan, requested: Builder) -> tuple[str, str]:
 
 
 def build_oci(plan: BuildPlan, root: Path, out: Path, *, log: Path,
-              mirrors: tuple[Path, ...] = (), quiet: bool = False) -> BuildResult:
+              mirrors: tuple[Path, ...] = (), quiet: bool = False,
+              tap: Callable[[], Tap] | None = None) -> BuildResult:
     """Build with the embedded writer: the missing layers made on the host (``pipeline``:
     downloads in flight while layers of wheels are streamed into their blobs, the others
     staged), then the image and its layout.
@@ -115,8 +120,8 @@ def build_oci(plan: BuildPlan, root: Path, out: Path, *, log: Path,
     # build) is wanted only by the image at the end: it is made while the layers are
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="frank-base") as side:
         base_future = side.submit(base_made)
-        fresh, reused, layers, built = _layers(plan, root, store, fetcher, console, log,
-                                               note, start)
+        fresh, reused, layers, built, tapped = _layers(plan, root, store, fetcher, console,
+                                                       log, note, start, tap)
         base = base_future.result()
     spec = ImageSpec(
         base_layout=base.layout, base_digest=base.digest, layers=tuple(layers),
@@ -129,14 +134,15 @@ def build_oci(plan: BuildPlan, root: Path, out: Path, *, log: Path,
     _log(log, f"image {digest}: {built} layers built, {reused} reused; "
               f"{time.monotonic() - start:.1f} s")
     return BuildResult(digest=digest, layout=out, builder="oci", why="", layers_built=built,
-                       layers_reused=reused)
+                       layers_reused=reused, tapped=tapped)
 
 
 def _layers(plan: BuildPlan, root: Path, store: BlobStore, fetcher: Fetcher,
-            console: Console, log: Path, note: Callable[[str], None], start: float
-            ) -> tuple[set[str], int, list[LayerInput], int]:
+            console: Console, log: Path, note: Callable[[str], None], start: float,
+            tap: Callable[[], Tap] | None = None
+            ) -> tuple[set[str], int, list[LayerInput], int, dict[str, Any]]:
     """Every layer's spec, the missing ones made: (fresh blob digests, layers reused,
-    specs, layers built)."""
+    specs, layers built, what the tap read of each streamed blob)."""
     import time
 
     from frank.image.layer import build_layer, index_key, indexed
@@ -167,18 +173,18 @@ def _layers(plan: BuildPlan, root: Path, store: BlobStore, fetcher: Fetcher,
              f"{time.monotonic() - began:.1f} s, at {time.monotonic() - start:.1f} s")
         return rec.digest
 
-    fresh: set[str] = set()
-    if missing:
-        fresh = _make_missing(missing, plan, fetcher, console, stage, note, start)
-    return fresh, reused, layers, len(missing)
+    if not missing:
+        return set(), reused, layers, 0, {}
+    made = _make_missing(missing, plan, fetcher, console, stage, note, start, tap)
+    return made.fresh, reused, layers, len(missing), made.tapped
 
 
 def _make_missing(missing: list[tuple[PlanLayer, LayerInput]], plan: BuildPlan,
                   fetcher: Fetcher, console: Console,
                   stage: Callable[[PlanLayer, LayerInput], str],
-                  note: Callable[[str], None], since: float) -> set[str]:
-    """Fetch and make the missing layers (``pipeline``), with a download bar; the digests
-    of the blobs made."""
+                  note: Callable[[str], None], since: float,
+                  tap: Callable[[], Tap] | None = None) -> Built:
+    """Fetch and make the missing layers (``pipeline``), with a download bar."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 
     from frank.build.pipeline import build_missing
@@ -197,8 +203,8 @@ def _make_missing(missing: list[tuple[PlanLayer, LayerInput]], plan: BuildPlan,
         made = build_missing(
             missing, site=plan.site_packages, epoch=plan.source_date_epoch, fetcher=fetcher,
             stage=stage, note=note, progress=lambda i: bar.advance(task, todo.get(i.sha256, 0)),
-            since=since)
-    return made.fresh
+            since=since, tap=tap)
+    return made
 
 
 def _log(log: Path, line: str) -> None:
@@ -483,8 +489,10 @@ def _step_failure(log: Path) -> str | None:
 
 
 def build(plan: BuildPlan, root: Path, out_dir: Path, requested: Builder, *,
-          mirrors: tuple[Path, ...] = (), quiet: bool = False) -> BuildResult:
-    """Build the plan's image into ``out_dir/image`` with the chosen builder.
+          mirrors: tuple[Path, ...] = (), quiet: bool = False,
+          tap: Callable[[], Tap] | None = None) -> BuildResult:
+    """Build the plan's image into ``out_dir/image`` with the chosen builder (``tap``: fed
+    each layer the embedded builder streams, see ``layerpool``; engines ignore it).
 
     A failure keeps its log: it is copied to the final output folder's ``build.log``
     (``out_dir`` may be a stage that is thrown away) and the error names it.
@@ -498,10 +506,12 @@ def build(plan: BuildPlan, root: Path, out_dir: Path, requested: Builder, *,
     try:
         if name == "oci":
             try:
-                result = build_oci(plan, root, layout, log=log, mirrors=mirrors, quiet=quiet)
+                result = build_oci(plan, root, layout, log=log, mirrors=mirrors, quiet=quiet,
+                                   tap=tap)
             except BlobMovedAside as exc:  # healed, not used: the next pass makes it again
                 _log(log, f"{exc.one_line()}; building again")
-                result = build_oci(plan, root, layout, log=log, mirrors=mirrors, quiet=quiet)
+                result = build_oci(plan, root, layout, log=log, mirrors=mirrors, quiet=quiet,
+                                   tap=tap)
         else:
             result = build_with_engine(plan, root, out_dir / "context", layout, name, mirrors)
     except FrankError as exc:
@@ -518,4 +528,5 @@ def build(plan: BuildPlan, root: Path, out_dir: Path, requested: Builder, *,
             exc.message += f" (build log: {kept})"
         raise
     return BuildResult(digest=result.digest, layout=result.layout, builder=name, why=why,
-                       layers_built=result.layers_built, layers_reused=result.layers_reused)
+                       layers_built=result.layers_built, layers_reused=result.layers_reused,
+                       tapped=result.tapped)

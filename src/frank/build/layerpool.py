@@ -15,6 +15,11 @@ alone at the end. Here a free worker takes the largest layer whose wheels are al
 What comes back is (digest, size) of a blob the worker hashed as it wrote it, through a pipe
 from a process this one started: nothing read back from the store, so the output layout may
 link it without hashing it again (``oci.write_layout``'s ``fresh``), as it did for a thread.
+
+A ``tap`` (a picklable factory, e.g. the audit's tar reader) is fed every byte the worker
+writes into the blob, in the same pass, and what its ``close`` returns comes back with the
+digest: the audit of a layer just made then needs no second read of its bytes from disk
+(served: 9.7 GB). The builder knows nothing of what the tap is; the caller passes it in.
 """
 
 from __future__ import annotations
@@ -24,14 +29,35 @@ import heapq
 import multiprocessing
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 # set in each worker by ``_init``: the build's stop flag (a multiprocessing Event)
 _STOP: Any = None
+
+
+class Tap(Protocol):
+    """Sees a layer's bytes as they are written: ``feed`` each piece, ``close`` at the end
+    (its result is returned with the layer's digest)."""
+
+    def feed(self, chunk: bytes) -> None: ...
+
+    def close(self) -> Any: ...
+
+
+class _Tee:
+    """The blob writer with a tap beside it: each piece written goes to both."""
+
+    def __init__(self, out: Any, tap: Tap):
+        self._out, self._tap = out, tap
+
+    def write(self, data: bytes) -> int:
+        self._out.write(data)
+        self._tap.feed(data)
+        return len(data)
 
 
 @dataclass(frozen=True)
@@ -57,6 +83,7 @@ class Done:
     refused: str = ""
     seconds: float = 0.0  # the worker's time on it
     at: float = 0.0  # time.monotonic() when it came back
+    tapped: Any = None  # what the tap's ``close`` gave, if there was a tap
 
 
 def _init(stop: Any) -> None:
@@ -65,30 +92,35 @@ def _init(stop: Any) -> None:
 
 
 def _stream(wheels: tuple[tuple[str, Path], ...], site: str, epoch: int, key: str,
-            root: Path) -> tuple[str, int, str, float]:
+            root: Path, tap: Callable[[], Tap] | None = None
+            ) -> tuple[str, int, str, float, Any]:
     """In a worker: stream one layer into a new blob of the store at ``root``; (digest,
-    size, "", seconds), or ("", 0, why, seconds) when it cannot be streamed (the caller
-    stages it, which makes the same bytes or fails in its own words)."""
+    size, "", seconds, tapped), or ("", 0, why, seconds, None) when it cannot be streamed
+    (the caller stages it, which makes the same bytes or fails in its own words)."""
     from frank.build.wheeltar import plan_wheels, write_wheel_tar
     from frank.store.blobs import BlobStore
 
     began = time.monotonic()
     try:
         members = plan_wheels(list(wheels), site)
+        seen = tap() if tap is not None else None
         with BlobStore(root).writer() as w:
-            write_wheel_tar(members, epoch, w, _STOP, key=key)  # type: ignore[arg-type]
+            out = w if seen is None else _Tee(w, seen)
+            write_wheel_tar(members, epoch, out, _STOP, key=key)  # type: ignore[arg-type]
+        tapped = seen.close() if seen is not None else None
     except Exception as exc:  # StreamRefused, or installer refusing a wheel
-        return "", 0, str(exc) or type(exc).__name__, time.monotonic() - began
-    return w.digest, w.size, "", time.monotonic() - began
+        return "", 0, str(exc) or type(exc).__name__, time.monotonic() - began, None
+    return w.digest, w.size, "", time.monotonic() - began, tapped
 
 
 class LayerPool:
     """``workers`` processes taking ``Job``s largest first; ``results`` yields each
     ``Done`` in the calling thread. Use as a context manager."""
 
-    def __init__(self, workers: int, root: Path):
+    def __init__(self, workers: int, root: Path, tap: Callable[[], Tap] | None = None):
         self.workers = max(1, workers)
         self.root = root
+        self.tap = tap
         self._ready: list[tuple[int, int, Job]] = []
         self._running = self._added = self._finished = 0
         self._done: list[Done] = []
@@ -121,10 +153,10 @@ class LayerPool:
             _, _, job = heapq.heappop(self._ready)
             self._running += 1
             fut = self._pool.submit(_stream, job.wheels, job.site, job.epoch, job.key,
-                                    self.root)
+                                    self.root, self.tap)
             fut.add_done_callback(functools.partial(self._finish, job))
 
-    def _finish(self, job: Job, fut: Future[tuple[str, int, str, float]]) -> None:
+    def _finish(self, job: Job, fut: Future[tuple[str, int, str, float, Any]]) -> None:
         with self._cond:
             self._running -= 1
             self._finished += 1
@@ -133,9 +165,9 @@ class LayerPool:
                 if exc is not None:
                     self._error = self._error or exc
                 else:
-                    digest, size, refused, seconds = fut.result()
+                    digest, size, refused, seconds, tapped = fut.result()
                     self._done.append(Done(job.tag, digest, size, refused, seconds,
-                                           time.monotonic()))
+                                           time.monotonic(), tapped))
             self._dispatch()
             self._cond.notify_all()
 

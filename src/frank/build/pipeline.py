@@ -25,8 +25,9 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from frank.build.layerpool import Job, LayerPool
+from frank.build.layerpool import Job, LayerPool, Tap
 from frank.build.plan import PlanLayer
 from frank.image.layer import LAYER_MEDIA_TYPE, index_key
 from frank.image.spec import LayerInput
@@ -54,6 +55,7 @@ class Built:
     fresh: set[str] = field(default_factory=set)
     streamed: list[str] = field(default_factory=list)
     staged: list[str] = field(default_factory=list)
+    tapped: dict[str, Any] = field(default_factory=dict)  # blob digest -> its tap's result
 
 
 def inputs(layers: list[PlanLayer]) -> dict[str, Pinned]:
@@ -73,14 +75,15 @@ def build_missing(missing: list[tuple[PlanLayer, LayerInput]], *, site: str, epo
                   note: Callable[[str], None],
                   progress: Callable[[Pinned], None] | None = None,
                   fetch_jobs: int = FETCH_JOBS, tar_jobs: int = TAR_JOBS,
-                  since: float | None = None) -> Built:
+                  since: float | None = None, tap: Callable[[], Tap] | None = None) -> Built:
     """Make every missing layer's blob and index entry.
 
     ``stage(layer, spec_layer)`` builds one layer the staging way and returns its blob's
     digest; it is called for the layers that cannot be streamed, and for a streamed layer
     whose wheel refuses streaming (a zip that does not read back), so that layer's bytes are
     whatever the staging route makes of it. The log's "at N s" counts from ``since`` (a
-    ``time.monotonic()`` value; the build's start), else from this call.
+    ``time.monotonic()`` value; the build's start), else from this call. ``tap``: see
+    ``layerpool``; each streamed layer's result is in ``Built.tapped`` by blob digest.
     """
     store = fetcher.store
     start = time.monotonic() if since is None else since
@@ -100,7 +103,7 @@ def build_missing(missing: list[tuple[PlanLayer, LayerInput]], *, site: str, epo
         built.fresh.add(digest)
         built.staged.append(layer.name)
 
-    pool = LayerPool(tar_jobs if streamed else 0, store.root)
+    pool = LayerPool(tar_jobs if streamed else 0, store.root, tap)
     stop = pool.stop
 
     def ready(layer: PlanLayer, spec_layer: LayerInput) -> None:
@@ -157,6 +160,8 @@ def build_missing(missing: list[tuple[PlanLayer, LayerInput]], *, site: str, epo
                     media_type=LAYER_MEDIA_TYPE))
                 built.fresh.add(r.digest)
                 built.streamed.append(layer.name)
+                if r.tapped is not None:
+                    built.tapped[r.digest] = r.tapped
                 note(f"layer {layer.index} {layer.name}: built (streamed) in "
                      f"{r.seconds:.1f} s, at {r.at - start:.1f} s")
         except BaseException:

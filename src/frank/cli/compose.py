@@ -60,11 +60,13 @@ def compose(stack: str, out_dir: Path | None, locked: bool, builder: str,
 
             write_context(plan, result.lock, root, stage)
         if builder != "none":
+            from frank.audit.auditor import audit_layout
+            from frank.audit.layers import TarReader
             from frank.build.builder import build
 
+            # each streamed layer's bytes are parsed for the audit as they are written
             built = build(plan, root, stage, builder,  # type: ignore[arg-type]
-                          mirrors=mirrors, quiet=as_json)
-            from frank.audit.auditor import audit_layout
+                          mirrors=mirrors, quiet=as_json, tap=TarReader)
             from frank.audit.report import load_record, save_record
 
             # an output already current is carried over, not written into the stage
@@ -77,7 +79,7 @@ def compose(stack: str, out_dir: Path | None, locked: bool, builder: str,
             audit_kept = report is not None
             if report is None:
                 with console.status("auditing the image against its lock"):
-                    report = audit_layout(audited, result.lock, root)
+                    report = audit_layout(audited, result.lock, root, known=built.tapped)
             report = report.model_copy(update={"layout": str(out / "image")})
             save_record(report, stage)
     summary = {
