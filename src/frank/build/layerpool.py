@@ -104,7 +104,7 @@ def _stream(wheels: tuple[tuple[str, Path], ...], site: str, epoch: int, key: st
     try:
         members = plan_wheels(list(wheels), site)
         seen = tap() if tap is not None else None
-        with BlobStore(root).writer() as w:
+        with BlobStore(root).writer(around_cache=True) as w:
             out = w if seen is None else _Tee(w, seen)
             write_wheel_tar(members, epoch, out, _STOP, key=key)  # type: ignore[arg-type]
         tapped = seen.close() if seen is not None else None

@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from frank.errors import FrankError
 from frank.model.pins import DIGEST_RE as DIGEST_RE
+from frank.store.direct import DirectFile
 
 _CHUNK = 1 << 20
 
@@ -102,12 +103,12 @@ class StoreStats:
 class _HashingWriter:
     """A write-only file wrapper that hashes and counts what passes through."""
 
-    def __init__(self, f: IO[bytes]):
+    def __init__(self, f: IO[bytes] | DirectFile):
         self._f = f
         self.hash = hashlib.sha256()
         self.size = 0
 
-    def write(self, data: bytes) -> int:
+    def write(self, data: bytes | bytearray | memoryview) -> int:
         self.hash.update(data)
         self.size += len(data)
         return self._f.write(data)
@@ -256,14 +257,16 @@ class BlobStore:
         return w.digest
 
     @contextlib.contextmanager
-    def writer(self, expected: str | None = None) -> Iterator[BlobWriter]:
+    def writer(self, expected: str | None = None, *,
+               around_cache: bool = False) -> Iterator[BlobWriter]:
         """Stream a new blob: write to the yielded object; on exit it is hashed and renamed in.
 
         If the body raises, or the content is not ``expected`` (a pinned digest), the temp
-        file is removed and nothing enters the store.
+        file is removed and nothing enters the store. ``around_cache``: a big blob nothing
+        will read soon (a layer) is written with ``O_DIRECT`` (``frank.store.direct``).
         """
         fd, tmp = tempfile.mkstemp(dir=self.tmp_dir, prefix=".blob-")
-        f = os.fdopen(fd, "wb")
+        f: IO[bytes] | DirectFile = DirectFile(fd) if around_cache else os.fdopen(fd, "wb")
         w = BlobWriter(f)
         try:
             yield w
