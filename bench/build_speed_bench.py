@@ -6,7 +6,8 @@ On a scratch copy of the repo (mhc-overlap taken back: its URL is unreachable he
   uv cold    `uv pip install --target DIR -r stacks/pylock.<stack>.toml` from an empty uv
              cache: the same closure put on disk by the best installer (the anchor)
   cold       `frank compose` from an empty cache (downloads, every layer, the layout)
-             goal: <= 1.5x uv cold
+             goal: <= 1.5x uv cold. --cold N pairs (uv, then frank), alternating: the
+             medians and the median of the pairs' ratios are quoted
   no-op      recompose of the built stack, median of --noop runs (goal < 1 s)
   one-part   the region-cache plugin's source changed (goal < 2 s)
   warm-dl    every layer blob and index entry dropped, the downloads kept (goal <= 40 s for
@@ -22,7 +23,7 @@ Each frank run is its own process; its peak memory is the child's max RSS (os.wa
 closure at a time (served: about 10 GB for uv, 14 GB for frank). Both cold runs are
 network-bound: run them on a quiet machine and quote the ratio, not the seconds.
 
-Usage: .venv/bin/python bench/build_speed_bench.py [--stack served] [--noop 5]
+Usage: .venv/bin/python bench/build_speed_bench.py [--stack served] [--noop 5] [--cold 3]
        [--expect sha256:...] [--no-serve] [--results bench/results/build-speed-DATE.md]
 The served-cpu starts need buildah and port 8000 free.
 """
@@ -131,6 +132,8 @@ def main() -> None:
     ap.add_argument("--expect", default="", help="the digest the cold build must give")
     ap.add_argument("--scratch", type=Path, default=None, help="folder for caches (big)")
     ap.add_argument("--skip-uv", action="store_true")
+    ap.add_argument("--cold", type=int, default=3,
+                    help="cold pairs (uv, then frank, from empty caches), medians quoted")
     ap.add_argument("--min-free-gb", type=float, default=16.0,
                     help="refuse to start frank's cold build with less free disk (served "
                          "needs 14 GB: 4.3 GB of wheels and 9.7 GB of layer blobs)")
@@ -147,27 +150,44 @@ def main() -> None:
                            env={**os.environ, "FRANK_CACHE": str(scratch / "lock-cache"),
                                 "FRANK_CACHE_DIR": str(scratch / "lock-cache")})
         print(f"disk free at start: {free_gb(scratch):.1f} GB", flush=True)
-        uv_wall = None
-        if not args.skip_uv:
-            uv_wall, uv_bytes, uv_cpu = uv_cold(repo, args.stack, scratch)
-            rows.append(("uv pip install --target, empty uv cache", f"{uv_wall:.1f} s",
-                         f"{uv_bytes / 1e9:.2f} GB installed; {uv_cpu:.1f} CPU s; the anchor"))
-            print(rows[-1], flush=True)
         cache, out = scratch / "cache", scratch / "out"
-        if free_gb(scratch) < args.min_free_gb:
-            raise SystemExit(f"{free_gb(scratch):.1f} GB free under {scratch}, fewer than "
-                             f"--min-free-gb {args.min_free_gb:g}: not starting the build")
-        cold, cold_rss, doc = compose(repo, cache, out, args.stack)
-        digest = doc["image"]["digest"]
-        if args.results:  # where the cold build's time went, layer by layer
+        pairs: list[tuple[float, float, float, float]] = []  # uv s, uv CPU, frank s, CPU
+        cold_rss = 0
+        for k in range(args.cold):  # uv then frank, each from empty caches, alternating
+            for old in (cache, out):  # the last pair's build goes first: each tool
+                shutil.rmtree(old, ignore_errors=True)  # starts with the same free memory
+            uv_wall, uv_bytes, uv_cpu = (0.0, 0, 0.0) if args.skip_uv else \
+                uv_cold(repo, args.stack, scratch)
+            if free_gb(scratch) < args.min_free_gb:
+                raise SystemExit(f"{free_gb(scratch):.1f} GB free under {scratch}, fewer "
+                                 f"than --min-free-gb {args.min_free_gb:g}: not building")
+            cold, rss, doc = compose(repo, cache, out, args.stack)
+            cold_rss = max(cold_rss, rss)
+            pairs.append((uv_wall, uv_cpu, cold, doc["_cpu"]))
+            digest = doc["image"]["digest"]
+            print(f"cold pair {k + 1}: uv {uv_wall:.1f} s ({uv_cpu:.1f} CPU s), frank "
+                  f"{cold:.1f} s ({doc['_cpu']:.1f} CPU s) {digest}", flush=True)
+            if args.expect and digest != args.expect:
+                raise SystemExit(f"cold digest {digest} is not the expected {args.expect}")
+        if args.results:  # where the last cold build's time went, layer by layer
             shutil.copyfile(out / "build.log", args.results.with_suffix(".cold-build.log"))
-        ratio = f"; {cold / uv_wall:.2f}x uv (goal <= 1.5x)" if uv_wall else ""
-        rows.append(("frank compose, empty cache", f"{cold:.1f} s",
-                     f"{doc['image']['layers_built']} layers; {doc['_cpu']:.1f} CPU s; "
+        n = len(pairs)
+        each = "; ".join(f"{u:.1f}/{f:.1f}" for u, _, f, _ in pairs)
+        uv_wall = statistics.median(u for u, _, _, _ in pairs)
+        cold = statistics.median(f for _, _, f, _ in pairs)
+        if not args.skip_uv:
+            rows.append((f"uv pip install --target, empty uv cache (median of {n})",
+                         f"{uv_wall:.1f} s", f"{uv_bytes / 1e9:.2f} GB installed; "
+                         f"{statistics.median(c for _, c, _, _ in pairs):.1f} CPU s; "
+                         "the anchor"))
+        ratios = [f / u for u, _, f, _ in pairs if u]
+        ratio = (f"; median of the pairs' ratios {statistics.median(ratios):.2f}x uv "
+                 f"(goal <= 1.5x); uv/frank s per pair {each}") if ratios else ""
+        rows.append((f"frank compose, empty cache (median of {n})", f"{cold:.1f} s",
+                     f"{doc['image']['layers_built']} layers; "
+                     f"{statistics.median(c for _, _, _, c in pairs):.1f} CPU s; "
                      f"peak RSS {cold_rss / 1e6:.0f} MB{ratio}"))
-        print(rows[-1], digest, flush=True)
-        if args.expect and digest != args.expect:
-            raise SystemExit(f"cold digest {digest} is not the expected {args.expect}")
+        print(rows[-2:], flush=True)
         noops = [compose(repo, cache, out, args.stack) for _ in range(args.noop)]
         med = statistics.median(t for t, _, _ in noops)
         rows.append((f"no-op recompose (median of {args.noop})", f"{med:.2f} s",

@@ -56,3 +56,34 @@ def test_o_direct_is_used_where_the_filesystem_takes_it(tmp_path: Path) -> None:
         supported = False
     with DirectFile(fd) as f:
         assert f.direct == supported
+
+
+def test_a_filesystem_that_takes_the_flag_but_refuses_the_write_gets_plain_writes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Some filesystems accept O_DIRECT and then refuse a direct write (EINVAL): the rest of
+    the file goes through the page cache and the bytes are still exactly the ones given."""
+    import errno
+    import fcntl
+
+    real = os.write
+    refused: list[int] = []
+
+    def write(fd: int, data: memoryview) -> int:  # type: ignore[type-arg]
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            refused.append(len(data))
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(fd, data)
+
+    big, small = os.urandom(3 * BLOCK + 999), os.urandom(BLOCK // 2 + 999)
+    for data, split in ((big, BLOCK // 3), (small, 5000)):  # refused mid-file; at close
+        path = tmp_path / f"refused-{len(data)}"
+        refused.clear()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+        monkeypatch.setattr(os, "write", write)
+        with DirectFile(fd) as f:
+            f.write(data[:split])
+            f.write(data[split:])
+        monkeypatch.setattr(os, "write", real)
+        if not f.direct and not refused:
+            pytest.skip("this filesystem refuses O_DIRECT outright")
+        assert path.read_bytes() == data and refused

@@ -10,13 +10,15 @@ filling the page cache with them.
 
 The bytes are gathered into one page-aligned 4 MiB buffer and written a whole buffer at a
 time; the tail (less than a buffer) goes through the page cache as usual, with ``O_DIRECT``
-switched off for it. A filesystem that refuses ``O_DIRECT`` gets plain writes throughout.
+switched off for it. A filesystem that refuses ``O_DIRECT`` gets plain writes throughout, and
+one that takes the flag but refuses a write (``EINVAL``) gets the rest of the file plainly.
 The file is the same bytes either way; only where they pass differs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import mmap
 import os
@@ -28,6 +30,22 @@ _ALIGN = 4096
 def _write_all(fd: int, view: memoryview) -> None:
     while view:
         view = view[os.write(fd, view):]
+
+
+def _write_direct(fd: int, view: memoryview) -> bool:
+    """Write ``view`` whole with ``O_DIRECT`` on; a filesystem that took the flag but
+    refuses the write (``EINVAL``) gets the rest through the page cache. Whether ``O_DIRECT``
+    is still on."""
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            _set_direct(fd, False)
+            _write_all(fd, view)
+            return False
+    return True
 
 
 class DirectFile:
@@ -58,8 +76,12 @@ class DirectFile:
             self._fill += take
             pos += take
             if self._fill == BLOCK:
-                _write_all(self._fd, self._view)
+                self._direct = _write_direct(self._fd, self._view)
                 self._fill = 0
+                if not self._direct:  # the rest goes through the page cache
+                    _write_all(self._fd, src[pos:])
+                    self._release()
+                    return n
         return n
 
     def flush(self) -> None:
@@ -72,17 +94,23 @@ class DirectFile:
         try:
             if self._view is not None and self._fill:
                 whole = self._fill - self._fill % _ALIGN
-                if whole:
-                    _write_all(self._fd, self._view[:whole])
-                _set_direct(self._fd, False)  # the tail is not a whole block
-                _write_all(self._fd, self._view[whole:self._fill])
+                if whole and not _write_direct(self._fd, self._view[:whole]):
+                    _write_all(self._fd, self._view[whole:self._fill])
+                else:
+                    _set_direct(self._fd, False)  # the tail is not a whole block
+                    _write_all(self._fd, self._view[whole:self._fill])
         finally:
             os.close(self._fd)
             self._fd = -1
-            if self._view is not None:
-                self._view.release()
-            if self._buf is not None:
-                self._buf.close()
+            self._release()
+
+    def _release(self) -> None:
+        if self._view is not None:
+            self._view.release()
+            self._view = None
+        if self._buf is not None:
+            self._buf.close()
+            self._buf = None
 
     def __enter__(self) -> DirectFile:
         return self
