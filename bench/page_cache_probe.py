@@ -9,14 +9,14 @@ page the kernel hands out again is slow. This probe measures, side by side, for 
   buffered write, new file     the page cache takes new pages (what a blob write did)
   buffered write, same pages   the same file written again: its pages are in the cache
   O_DIRECT write               one reused 4 MiB aligned buffer, no page cache (store.direct)
-  buffered read, cold cache    after the O_DIRECT write nothing is cached: new pages again
   O_DIRECT read                into the reused buffer
-  buffered read, warm cache    the pages the cold read left
+  buffered read, not cached    after O_DIRECT nothing is cached: new pages again
+  buffered read, cached        the pages the read before left
 
 Each row: wall seconds and CPU seconds (user + sys) of this process. On a machine where the
 first touch is cheap, the "new file" and "same pages" rows come out close.
 
-Usage: python bench/page_cache_probe.py [--dir /work/scratch] [--gb 2]
+Usage: python bench/page_cache_probe.py [--dir /work/scratch] [--gb 2] [--pause 10]
 """
 
 from __future__ import annotations
@@ -48,6 +48,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", type=Path, default=None, help="a folder on the disk to probe")
     ap.add_argument("--gb", type=float, default=2.0)
+    ap.add_argument("--pause", type=float, default=10.0,
+                    help="seconds between freeing the first file and the O_DIRECT rows")
     args = ap.parse_args()
     blocks = int(args.gb * (1 << 30)) // BLOCK
     buf = mmap.mmap(-1, BLOCK)
@@ -73,12 +75,11 @@ def main() -> None:
         _timed("buffered write, new file", lambda: write(os.O_TRUNC), rows)
         _timed("buffered write, same pages", lambda: write(0), rows)
         path.unlink()
+        time.sleep(args.pause)  # freed memory goes back to the host after a few seconds
         _timed("O_DIRECT write", lambda: write(os.O_TRUNC | os.O_DIRECT), rows)
-        _timed("buffered read, cold cache", lambda: read(0), rows)
-        path.unlink()
-        write(os.O_DIRECT)
         _timed("O_DIRECT read", lambda: read(os.O_DIRECT), rows)
-        _timed("buffered read, warm cache", lambda: read(0), rows)
+        _timed("buffered read, not cached", lambda: read(0), rows)
+        _timed("buffered read, cached", lambda: read(0), rows)
     gb = blocks * BLOCK / 1e9
     print(f"{gb:.2f} GB, {platform.node()} ({os.cpu_count()} cores), kernel {platform.release()}")
     print("| what | wall s | CPU s | CPU s per GB |\n|---|---|---|---|")

@@ -1,7 +1,7 @@
 """A blob file written around the page cache (``O_DIRECT``) where the filesystem allows it.
 
-Why: on the VMs frank builds on (this one and CI's, 2 cores), memory the guest gave back to
-the host costs about 1.3 CPU s per GB the first time it is touched again, and new page-cache
+Why: on the VM this project builds and benchmarks on (2 cores), memory the guest gave back to
+the host costs 1.3-2.7 CPU s per GB the first time it is touched again, and new page-cache
 pages are such memory: writing 2 GB into a new file took 2.8 CPU s, the same 2 GB with
 ``O_DIRECT`` from one reused aligned buffer 0.08 (bench/results/profile-build-2026-12-04.md).
 A cold build of served writes 9.7 GB of layer blobs that nothing in that build reads again
