@@ -11,9 +11,11 @@ so a build step never sees an unverified file and never needs the network itself
 from __future__ import annotations
 
 import configparser
+import http.client
 import os
 import ssl
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -28,6 +30,11 @@ from frank.store.blobs import BlobStore
 
 _CHUNK = 1 << 20
 DEFAULT_JOBS = 6
+# seconds before each new try of a download that failed in a way that may pass (a CI run
+# lost 26 minutes to one "Temporary failure in name resolution"); the content is checked
+# against its pin whichever try brings it
+RETRY_AFTER = (1.0, 3.0, 9.0)
+_TRANSIENT_HTTP = frozenset({408, 425, 429, 500, 502, 503, 504})
 _CA_CANDIDATES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt")
 
 
@@ -101,6 +108,7 @@ class Fetcher:
         self.downloaded = 0  # counts, for tests and the benchmark
         self.from_mirror = 0
         self.cached = 0
+        self.retried = 0  # downloads tried again after a transient failure
         self._ssl: ssl.SSLContext | None = None
         self._lock = threading.Lock()
 
@@ -160,6 +168,9 @@ class Fetcher:
             with self.store.writer(expected=item.digest) as w, opener() as src:
                 while n := src.readinto(buf):  # type: ignore[attr-defined]
                     w.write(buf[:n])
+                left = getattr(src, "length", None)  # an HTTP body's bytes still owed
+                if left:  # the connection ended early: readinto just stops (tried again)
+                    raise http.client.IncompleteRead(b"", left)
         except FrankError as exc:
             raise FrankError(f"{what}: {exc.message}") from None
 
@@ -177,11 +188,19 @@ class Fetcher:
                                 self.mirrors)
         request = urllib.request.Request(item.url, headers={"User-Agent": "frank"})
         context = self._context()
-        try:
-            self._put(lambda: urllib.request.urlopen(
-                request, timeout=60, context=context), item, item.url)
-        except urllib.error.HTTPError as exc:
-            raise not_available(item, f"HTTP {exc.code}", self.mirrors) from None
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise not_available(item, str(reason), self.mirrors) from None
+        for attempt in range(1 + len(RETRY_AFTER)):
+            try:
+                self._put(lambda: urllib.request.urlopen(
+                    request, timeout=60, context=context), item, item.url)
+                return
+            except urllib.error.HTTPError as exc:
+                why, again = f"HTTP {exc.code}", exc.code in _TRANSIENT_HTTP
+            except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+                # a name that did not resolve this once, a reset, a timeout, a body cut short
+                why, again = str(getattr(exc, "reason", None) or exc or type(exc).__name__), True
+            if not again or attempt == len(RETRY_AFTER):
+                break
+            self.retried += 1
+            time.sleep(RETRY_AFTER[attempt])
+        more = f" (tried {attempt + 1} times)" if attempt else ""
+        raise not_available(item, why + more, self.mirrors) from None
