@@ -24,11 +24,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+from bench.build_speed_bench import timed  # noqa: E402
 from bench.hermetic_build_bench import drop_layer_blobs  # noqa: E402
 from tests.spine_helpers import copy_repo  # noqa: E402
 
@@ -36,33 +36,11 @@ from tests.spine_helpers import copy_repo  # noqa: E402
 def compose(repo: Path, env: dict[str, str], src: Path, out: Path, stack: str
             ) -> tuple[float, float, float, str]:
     """(wall s, CPU s, audit s, digest) of one compose with frank from ``src``."""
-    env = {**env, "PYTHONPATH": str(src)}
     cmd = [sys.executable, "-m", "frank", "compose", f"stacks/{stack}.toml", "--json",
            "--out", str(out)]
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=repo, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
-    stdout, stderr = proc.communicate()
-    wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise SystemExit(f"compose with {src}: exit {proc.returncode}: {stderr[-2000:]!r}")
+    wall, _, cpu, stdout, _ = timed(cmd, repo, {**env, "PYTHONPATH": str(src)})
     doc = json.loads(stdout)
-    cpu = _children_cpu()
     return wall, cpu, float(doc["audit"]["seconds"]), str(doc["image"]["digest"])
-
-
-_seen = 0.0
-
-
-def _children_cpu() -> float:
-    """CPU seconds of the children reaped since the last call."""
-    global _seen
-    import resource
-
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    total = r.ru_utime + r.ru_stime
-    took, _seen = total - _seen, total
-    return took
 
 
 def main() -> None:
@@ -82,7 +60,6 @@ def main() -> None:
             subprocess.run([sys.executable, "-m", "frank", "revert", "mhc-overlap", "--stack",
                             "stacks/served.toml"], cwd=repo, env=env, check=True,
                            capture_output=True)
-        _children_cpu()
         first = compose(repo, env, args.b.resolve(), scratch / "out", args.stack)
         print(f"cold (B): {first[0]:.1f} s, {first[1]:.1f} CPU s, {first[3]}", flush=True)
         runs: dict[str, list[tuple[float, float, float, str]]] = {"A": [], "B": []}

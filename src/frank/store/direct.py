@@ -94,11 +94,10 @@ class DirectFile:
         try:
             if self._view is not None and self._fill:
                 whole = self._fill - self._fill % _ALIGN
-                if whole and not _write_direct(self._fd, self._view[:whole]):
-                    _write_all(self._fd, self._view[whole:self._fill])
-                else:
-                    _set_direct(self._fd, False)  # the tail is not a whole block
-                    _write_all(self._fd, self._view[whole:self._fill])
+                if whole:
+                    _write_direct(self._fd, self._view[:whole])
+                _set_direct(self._fd, False)  # the tail is not a whole block
+                _write_all(self._fd, self._view[whole:self._fill])
         finally:
             os.close(self._fd)
             self._fd = -1

@@ -197,7 +197,7 @@ class Fetcher:
                 why, again = f"HTTP {exc.code}", exc.code in _TRANSIENT_HTTP
             except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
                 # a name that did not resolve this once, a reset, a timeout, a body cut short
-                why, again = str(getattr(exc, "reason", None) or exc or type(exc).__name__), True
+                why, again = str(getattr(exc, "reason", None) or exc) or type(exc).__name__, True
             if not again or attempt == len(RETRY_AFTER):
                 break
             self.retried += 1
