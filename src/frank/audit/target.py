@@ -114,18 +114,18 @@ class TargetAudit:
                                         files=hits)
                 if not hits:
                     diffs.append(Difference(
-                        part=d.part, path=f"/{self.site}/{u.path}",
+                        part=d.part, path=self._shown(u.path),
                         check="declared unused library not in the image",
                         lock=f"a file to declare ({u.rule})", image="nothing"))
                 if u.pure:
                     verdict.evaluated, problem = self._pure(u.pure)
                     if problem:
-                        diffs.append(Difference(part=d.part, path=f"/{self.site}/{u.path}",
+                        diffs.append(Difference(part=d.part, path=self._shown(u.path),
                                                 check="declared rule cannot be evaluated",
                                                 lock=u.pure, image=problem))
                     elif verdict.evaluated:
                         diffs.append(Difference(
-                            part=d.part, path=f"/{self.site}/{u.path}",
+                            part=d.part, path=self._shown(u.path),
                             check="declared unused, but the engine's rule selects it",
                             lock=f"{u.pure} false on {self.device.spell('sm')}",
                             image="it returns True"))
@@ -141,9 +141,14 @@ class TargetAudit:
         return report, diffs + kdiffs + tdiffs, {"/" + f for f in unused_files}
 
     # -- helpers ----------------------------------------------------------------------
+    def _shown(self, pattern: str) -> str:
+        """A declared path as an image path with its leading slash."""
+        return pattern if pattern.startswith("/") else f"/{self.site}/{pattern}"
+
     def _glob(self, pattern: str) -> list[str]:
-        """Image paths (no leading slash) of regular files matching a site-relative glob."""
-        full = f"{self.site}/{pattern}"
+        """Image paths (no leading slash) of regular files matching a glob relative to the
+        site folder, or absolute."""
+        full = pattern[1:] if pattern.startswith("/") else f"{self.site}/{pattern}"
         fixed = full.split("*", 1)[0].rsplit("/", 1)[0]
         return [p for p, e in self.view.under(fixed)
                 if e.kind in ("file", "hardlink") and fnmatch.fnmatchcase(p, full)
@@ -222,7 +227,7 @@ class TargetAudit:
         if k.library:
             hits = self._glob(k.library)
             if not hits:
-                return KernelVerdict(**base, ok=False, where=f"/{self.site}/{k.library}",
+                return KernelVerdict(**base, ok=False, where=self._shown(k.library),
                                      evidence="no such file in the image")
             path = hits[0]
             code = self._code(path)
@@ -234,7 +239,7 @@ class TargetAudit:
                 return KernelVerdict(**base, ok=False, where="/" + path,
                                      evidence=f"{_archs(code)}; no symbol {k.symbol}")
             return KernelVerdict(**base, ok=True, where="/" + path, evidence=_archs(code))
-        folder = f"{self.site}/{k.cubins}"
+        folder = self._shown(k.cubins or "").lstrip("/")
         items = [(p, e.cuda) for p, e in self.view.under(folder) if e.cuda is not None]
         good = [p for p, c in items if runs(c, self.device)]
         seen: set[str] = set()

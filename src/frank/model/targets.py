@@ -38,9 +38,10 @@ def _cite(value: str) -> str:
 
 
 def _site_path(value: str) -> str:
-    if not _SITE_PATH.fullmatch(value) or ".." in value.split("/"):
-        raise ValueError(f"{value!r} is not a path inside site-packages "
-                         "(relative, no '..'; '*' globs one name)")
+    if not _SITE_PATH.fullmatch(value.removeprefix("/")) or ".." in value.split("/"):
+        raise ValueError(f"{value!r} is not a path in the image: relative to site-packages "
+                         "(vllm/_C.abi3.so) or absolute (/opt/x.so); no '..'; '*' globs a "
+                         "name")
     return value
 
 
