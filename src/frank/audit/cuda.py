@@ -36,6 +36,9 @@ _MAGIC_BYTES = struct.pack("<I", FATBIN_MAGIC)
 FATBIN_SECTIONS = (".nv_fatbin", "__nv_relfatbin")
 KIND_PTX = 1
 KIND_ELF = 2
+# every kind a container's entry may be: PTX, ELF (SASS), and two that hold neither (LTO IR:
+# cuFFT 12.0 keeps 12,728 sm_75 ones in .ldata); only the first two say what can run
+_KINDS = (KIND_PTX, KIND_ELF, 4, 8)
 FLAG_COMPRESSED = 0x2000  # the entry's payload is compressed (its header still names the arch)
 SHF_ALLOC = 0x2
 SHF_EXECINSTR = 0x4
@@ -180,7 +183,7 @@ def _plausible(read: Read, pos: int, version: int, header: int, body: int, end: 
         return False
     kind, _v, entry_header, payload = struct.unpack_from("<HHIQ", h, 0)
     arch, = struct.unpack_from("<I", h, 28)
-    return kind in (KIND_PTX, KIND_ELF) and 64 <= entry_header <= 4096 \
+    return kind in _KINDS and 64 <= entry_header <= 4096 \
         and 10 <= arch <= 200 and entry_header + payload <= body
 
 
