@@ -122,13 +122,14 @@ def _on_target(view: MergedView, lock: Lock, want: Expected,
     versions = {name: d.version for name, d in want.dists.items()}
     report, diffs, unused = TargetAudit(view, lock, want.site, versions, device, files, owned,
                                         env.get("PATH", DEFAULT_PATH)).run()
-    dead: dict[str, list[str]] = defaultdict(list)
+    dead: dict[str, list[tuple[str, CudaCode]]] = defaultdict(list)
     for path, code in sorted(files):
         if runs(code, device) is None and "/" + path not in unused:
-            dead[owned.get(path, "unowned")].append("/" + path)
-    for owner, paths in sorted(dead.items()):
-        archs_s = sorted({a for p, c in files if "/" + p in paths for a in c.sass})
-        archs_p = sorted({a for p, c in files if "/" + p in paths for a in c.ptx})
+            dead[owned.get(path, "unowned")].append(("/" + path, code))
+    for owner, items in sorted(dead.items()):
+        paths = [p for p, _ in items]
+        archs_s = sorted({a for _, c in items for a in c.sass})
+        archs_p = sorted({a for _, c in items for a in c.ptx})
         diffs.insert(0, Difference(
             part=owner, path=paths[0], check="no code runs on the target",
             lock=f"SASS or PTX for {want.target}, or its kernels declared unused there",
