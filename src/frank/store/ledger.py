@@ -238,15 +238,27 @@ class Ledger:
             pass  # a ledger that cannot be written only costs hashing again
 
     def _take_carried(self) -> None:
+        """Note the carried files; and every other name the ledger holds for one of their
+        inodes with the same content (another output that links the same store blob: its
+        ctime moved with this compose's links, not with an edit, under the same test)."""
         carried, self._carried = self._carried, {}
-        for name, (key, nlink, sha256) in carried.items():
+        if not carried:
+            return
+        inodes = {(key[0], key[1]): (key, nlink, sha256)
+                  for key, nlink, sha256 in carried.values()}
+        others = {name: inodes[(e.dev, e.ino)][2] for name, e in self._load().items()
+                  if (e.dev, e.ino) in inodes and name not in carried
+                  and e.sha256 == inodes[(e.dev, e.ino)][2]}
+        for name, sha256 in [*((n, c[2]) for n, c in carried.items()), *others.items()]:
             at = coarse_ns()
             try:
                 st = os.stat(name)
             except OSError:
                 continue
             now = stat_key(st)
-            if now[:4] == key[:4] and (now[4] == key[4] or st.st_nlink != nlink):
+            key, nlink, held = inodes.get(now[:2], (None, 0, ""))
+            if key is not None and held == sha256 and now[:4] == key[:4] and (
+                    now[4] == key[4] or st.st_nlink != nlink):
                 self._note(name, st, at, sha256)
 
     def _settle(self) -> None:
