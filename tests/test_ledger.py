@@ -21,6 +21,11 @@ def _hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def _store(tmp_path: Path) -> Path:
+    (tmp_path / "store").mkdir(exist_ok=True)
+    return tmp_path / "store"
+
+
 def _aged(path: Path) -> None:
     """Let the file clock pass the file's last change (the racy rule would hash it else)."""
     while coarse_ns() <= path.stat().st_ctime_ns:
@@ -31,10 +36,10 @@ def test_a_file_whose_stat_holds_is_not_hashed_again(tmp_path: Path) -> None:
     f = tmp_path / "blob"
     f.write_bytes(b"a" * 10_000)
     _aged(f)
-    ledger = Ledger(tmp_path / "store")
+    ledger = Ledger(_store(tmp_path))
     assert ledger.sha256(f) == _hex(b"a" * 10_000) and ledger.hashed == 1
     ledger.save()
-    again = Ledger(tmp_path / "store")  # another command, reading the saved ledger
+    again = Ledger(_store(tmp_path))  # another command, reading the saved ledger
     assert again.sha256(f) == _hex(b"a" * 10_000)
     assert again.hashed == 0 and again.hits == 1
 
@@ -45,7 +50,7 @@ def test_an_edit_that_restores_mtime_and_size_is_hashed_again(tmp_path: Path) ->
     f = tmp_path / "blob"
     f.write_bytes(b"a" * 10_000)
     _aged(f)
-    ledger = Ledger(tmp_path / "store")
+    ledger = Ledger(_store(tmp_path))
     ledger.sha256(f)
     ledger.save()
     st = f.stat()
@@ -55,7 +60,7 @@ def test_an_edit_that_restores_mtime_and_size_is_hashed_again(tmp_path: Path) ->
     os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert (f.stat().st_size, f.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
     assert f.stat().st_ctime_ns != st.st_ctime_ns
-    again = Ledger(tmp_path / "store")
+    again = Ledger(_store(tmp_path))
     assert again.known(f) is None
     data = bytearray(b"a" * 10_000)
     data[5000:5001] = b"b"
@@ -66,7 +71,7 @@ def test_a_file_replaced_by_another_inode_is_hashed_again(tmp_path: Path) -> Non
     f = tmp_path / "blob"
     f.write_bytes(b"one")
     _aged(f)
-    ledger = Ledger(tmp_path / "store")
+    ledger = Ledger(_store(tmp_path))
     ledger.sha256(f)
     other = tmp_path / "other"
     other.write_bytes(b"two")
@@ -79,7 +84,7 @@ def test_a_racy_entry_is_not_trusted_until_its_tick_is_over(tmp_path: Path) -> N
     is not trusted as it stands; once the clock has moved on, a stat still the same is."""
     f = tmp_path / "blob"
     f.write_bytes(b"x" * 100)
-    ledger = Ledger(tmp_path / "store")
+    ledger = Ledger(_store(tmp_path))
     ledger.note(f, _hex(b"x" * 100))
     entry = ledger._mine[str(f)]
     assert entry is not None
@@ -107,10 +112,10 @@ def test_concurrent_writers_lose_no_entries(tmp_path: Path) -> None:
             "    if i % 10 == 0:\n"
             "        ledger.save()\n"
             "ledger.save()\n")
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "store"), str(files),
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(_store(tmp_path)), str(files),
                                str(k)]) for k in range(8)]
     assert all(p.wait(timeout=120) == 0 for p in procs)
-    ledger = Ledger(tmp_path / "store")
+    ledger = Ledger(_store(tmp_path))
     for i in range(400):
         assert ledger.known(files / f"f{i}") == _hex(str(i).encode()), f"f{i} was lost"
     assert not list((tmp_path / "store").glob(".ledger-*")), "a temp file was left"
@@ -121,7 +126,7 @@ def test_a_ledger_cut_short_is_no_error(tmp_path: Path) -> None:
     f.write_bytes(b"z")
     (tmp_path / "store").mkdir()
     (tmp_path / "store" / "ledger.json").write_text('{"format": "frank-ledger-1", "entr')
-    ledger = Ledger(tmp_path / "store")
+    ledger = Ledger(_store(tmp_path))
     assert ledger.sha256(f) == _hex(b"z") and ledger.hashed == 1
 
 
@@ -155,10 +160,10 @@ def test_a_file_on_fuse_is_always_hashed(fuse_mount: Path, tmp_path: Path) -> No
     _aged(f)
     assert untrusted_fs(f, f.stat().st_dev)
     assert not untrusted_fs(tmp_path, tmp_path.stat().st_dev)
-    ledger = Ledger(tmp_path / "store")
+    ledger = Ledger(_store(tmp_path))
     for _ in range(3):
         assert ledger.sha256(f) == _hex(b"on fuse")
     ledger.note(f, _hex(b"on fuse"))
     ledger.save()
     assert ledger.hashed == 3 and ledger.hits == 0
-    assert Ledger(tmp_path / "store").known(f) is None
+    assert Ledger(_store(tmp_path)).known(f) is None

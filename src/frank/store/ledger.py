@@ -217,6 +217,9 @@ class Ledger:
 
     def save(self) -> None:
         """Merge this process's entries into the ledger file (under its lock, whole)."""
+        if not self.path.parent.is_dir():  # the store was removed meanwhile: nothing to keep
+            self._mine, self._carried = {}, {}
+            return
         self._take_carried()
         if not self._mine:
             return
