@@ -87,3 +87,25 @@ def test_only_a_blob_the_ledger_vouches_for_is_vouched(kept: tuple[BlobStore, st
     path.write_bytes(bytes(data))
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert not vouched(store, link, digest) and not vouched(store, path, digest)
+
+
+def test_every_field_of_an_entry_comes_back(tmp_path: Path) -> None:
+    """GPU code with its sizes and hidden count included: a kept reading loses nothing, and
+    Entry and CudaCode have no field the record does not hold (a new one must be added to
+    frank.audit.kept, or nothing is kept at all)."""
+    from frank.audit.cuda import CudaCode
+    from frank.audit.kept import shape_known
+    from frank.audit.layers import Entry
+
+    assert shape_known()
+    store = BlobStore(tmp_path / "cache")
+    digest = store.put_bytes(_layer({"lib/x.so": b"\x7fELF" + bytes(60)}))
+    entry = Entry("lib/x.so", "file", 64, 512, 0o755, "", "ab" * 32, b"\x7fELF" + bytes(60),
+                  CudaCode(frozenset({"sm_120"}), frozenset({"sm_90"}),
+                           (("sass", "sm_120", 4096), ("ptx", "sm_90", 100)), 2), True)
+    keep_readings(store, {digest: [entry]})
+    _settled(store.root / "audit-layers" / f"{digest.split(':')[1]}.json")
+    back = kept_readings(store, [digest])[digest][0]
+    assert back == entry
+    assert back.cuda is not None and entry.cuda is not None
+    assert (back.cuda.sizes, back.cuda.hidden) == (entry.cuda.sizes, entry.cuda.hidden)

@@ -11,14 +11,23 @@ from __future__ import annotations
 
 import json
 import time
+from collections import defaultdict
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from frank.audit.checks import Checker, config, cuda_summary, declared_archs
-from frank.audit.expect import expected
+from frank.audit.cuda import CudaCode
+from frank.audit.expect import Expected, expected
 from frank.audit.layers import Entry, MergedView, read_image, read_large_cuda
-from frank.audit.report import AuditReport, Cost, Difference, load_record, save_record
+from frank.audit.report import (
+    AuditReport,
+    Cost,
+    Difference,
+    TargetReport,
+    load_record,
+    save_record,
+)
 from frank.errors import FrankError
 from frank.image.oci import layout_blob_path, read_layout_blob, resolve_manifest
 from frank.resolve.lock import Lock
@@ -81,14 +90,10 @@ def audit_layout(layout: Path, lock: Lock | None, root: Path, *,
     diffs += config(want, image_config)
     cuda, files = cuda_summary(view, owned, want.target, base_layers)
     diffs += declared_archs(want, files)
+    target = None
     if require_target:
-        for owner in cuda:
-            if owner.runs_not:
-                diffs.append(Difference(
-                    part=owner.owner, path=owner.not_examples[0] if owner.not_examples else "-",
-                    check="no code runs on the target", lock=f"SASS or PTX for {want.target}",
-                    image=f"{owner.runs_not} of {owner.files} files with neither (SASS "
-                          f"{' '.join(owner.sass) or '-'}, PTX {' '.join(owner.ptx) or '-'})"))
+        target, found = _on_target(view, lock, want, files, owned, image_config)
+        diffs += found
     total = sum(p.stat().st_size for p in blobs)
     nfiles = sum(1 for _, e in view.visible.values() if e.kind == "file")
     cost = Cost(seconds=round(time.perf_counter() - start, 3),
@@ -97,7 +102,8 @@ def audit_layout(layout: Path, lock: Lock | None, root: Path, *,
     return AuditReport(layout=str(layout), digest=digest, stack=lock.stack,
                        lock_digest=lock.digest, target=want.target, ok=not diffs,
                        require_target=require_target, differences=diffs, notes=want.notes,
-                       cuda=cuda, dists=len(want.dists), base_dists=sorted(base_dists),
+                       cuda=cuda, target_report=target, dists=len(want.dists),
+                       base_dists=sorted(base_dists),
                        cost=cost)
 
 
@@ -120,6 +126,43 @@ def _keep(store: BlobStore, view: MergedView, descs: list[Any], read: set[int]) 
 
     keep_readings(store, {str(descs[layer.index].get("digest", "")): layer.entries
                           for layer in view.layers if layer.index in read})
+
+
+def _on_target(view: MergedView, lock: Lock, want: Expected,
+               files: list[tuple[str, CudaCode]], owned: dict[str, str],
+               image_config: dict[str, Any]) -> tuple[TargetReport | None, list[Difference]]:
+    """``--require-target``: the target section and its differences; every library with no
+    code the device runs fails unless a part declares its kernels unused there."""
+    from frank.audit.target import DEFAULT_PATH, TargetAudit, runs
+    from frank.model.archs import parse_arch
+
+    try:
+        device = parse_arch(want.target)
+    except ValueError:
+        return None, [Difference(part="-", path="[target] arch", check="target is no GPU",
+                                 lock="an sm_ arch for --require-target",
+                                 image=want.target or "none")]
+    env = {}
+    for item in (image_config.get("config") or {}).get("Env") or []:
+        key, _, value = str(item).partition("=")
+        env[key] = value
+    versions = {name: d.version for name, d in want.dists.items()}
+    report, diffs, unused = TargetAudit(view, lock, want.site, versions, device, files, owned,
+                                        env.get("PATH", DEFAULT_PATH)).run()
+    dead: dict[str, list[tuple[str, CudaCode]]] = defaultdict(list)
+    for path, code in sorted(files):
+        if runs(code, device) is None and "/" + path not in unused:
+            dead[owned.get(path, "unowned")].append(("/" + path, code))
+    for owner, items in sorted(dead.items()):
+        paths = [p for p, _ in items]
+        archs_s = sorted({a for _, c in items for a in c.sass})
+        archs_p = sorted({a for _, c in items for a in c.ptx})
+        diffs.insert(0, Difference(
+            part=owner, path=paths[0], check="no code runs on the target",
+            lock=f"SASS or PTX for {want.target}, or its kernels declared unused there",
+            image=f"{len(paths)} files with neither (SASS {' '.join(archs_s) or '-'}, PTX "
+                  f"{' '.join(archs_p) or '-'})"))
+    return report, diffs
 
 
 def _base(manifest: dict[str, Any], lock: Lock, root: Path, store: BlobStore

@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +78,9 @@ def _save(store: BlobStore, folder: str, name: str, key: str, data: Any) -> None
 
 def kept_readings(store: BlobStore, digests: Iterable[str]) -> dict[str, list[Entry]]:
     """layer digest -> its kept entries, for those with a record the ledger vouches for."""
-    out = {}
+    out: dict[str, list[Entry]] = {}
+    if not shape_known():
+        return out
     for digest in digests:
         rows = _load(store, "audit-layers", digest.split(":", 1)[1], digest)
         try:
@@ -90,6 +93,8 @@ def kept_readings(store: BlobStore, digests: Iterable[str]) -> dict[str, list[En
 
 def keep_readings(store: BlobStore, readings: Mapping[str, list[Entry]]) -> None:
     """Keep each layer's reading under its digest."""
+    if not shape_known():
+        return
     for digest, entries in readings.items():
         _save(store, "audit-layers", digest.split(":", 1)[1], digest,
               [_row(e) for e in entries])
@@ -128,8 +133,22 @@ def vouched(store: BlobStore, blob: Path, digest: str) -> bool:
         store.ledger.known(store.path(digest)) == hexd
 
 
+# The fields this module writes and reads back; a reader whose Entry or CudaCode has others
+# keeps nothing (every layer is read) until they are added here: none is dropped silently.
+ENTRY_FIELDS = ("path", "kind", "size", "offset", "mode", "link", "sha256", "head", "cuda",
+                "cuda_read")
+CUDA_FIELDS = ("sass", "ptx", "sizes", "hidden")
+
+
+def shape_known() -> bool:
+    """Whether Entry and CudaCode have exactly the fields a kept reading holds."""
+    return (tuple(f.name for f in fields(Entry)) == ENTRY_FIELDS
+            and tuple(f.name for f in fields(CudaCode)) == CUDA_FIELDS)
+
+
 def _row(e: Entry) -> list[object]:
-    cuda = None if e.cuda is None else [sorted(e.cuda.sass), sorted(e.cuda.ptx)]
+    cuda = None if e.cuda is None else [sorted(e.cuda.sass), sorted(e.cuda.ptx),
+                                        [list(x) for x in e.cuda.sizes], e.cuda.hidden]
     return [e.path, e.kind, e.size, e.offset, e.mode, e.link, e.sha256, e.head.hex(), cuda,
             e.cuda_read]
 
@@ -138,6 +157,8 @@ def _entry(row: list[object]) -> Entry:
     path, kind, size, offset, mode, link, sha, head, cuda, cuda_read = row
     code = None
     if isinstance(cuda, list):
-        code = CudaCode(frozenset(str(x) for x in cuda[0]), frozenset(str(x) for x in cuda[1]))
+        sass, ptx, sizes, hidden = cuda
+        code = CudaCode(frozenset(str(x) for x in sass), frozenset(str(x) for x in ptx),
+                        tuple((str(k), str(a), int(n)) for k, a, n in sizes), int(hidden))
     return Entry(str(path), str(kind), int(str(size)), int(str(offset)), int(str(mode)),
                  str(link), str(sha), bytes.fromhex(str(head)), code, bool(cuda_read))

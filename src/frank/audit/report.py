@@ -57,6 +57,86 @@ class CudaOwner(Model):
                f"PTX {' '.join(self.ptx) or '-'}; {verdict}"
 
 
+class UnusedVerdict(Model):
+    """A declaration that the engine never runs a library's kernels on the family."""
+
+    part: str
+    path: str
+    rule: str
+    why: str
+    files: list[str]  # image paths it matched
+    evaluated: bool | None = None  # the pure rule's answer for the device, where declared
+
+
+class DeadCode(Model):
+    """Device code one owner carries that the target cannot run."""
+
+    owner: str
+    bytes: int  # stored bytes of entries (SASS, PTX) the device cannot run
+    device_bytes: int  # all the owner's device code
+    files_all_dead: int  # files none of whose code runs
+
+
+class KernelVerdict(Model):
+    """One kernel on the engine's path on the target, and what the image has for it."""
+
+    part: str
+    role: str
+    backend: str
+    what: str
+    ref: str
+    cite: str
+    ok: bool
+    where: str
+    evidence: str
+
+
+class ToolVerdict(Model):
+    """A tool the engine calls at run time: found in the image, or not needed."""
+
+    part: str
+    tool: str
+    by: str
+    cite: str
+    found: str
+    built: str  # what it would build, already in the image
+    needed: bool
+    ok: bool
+    lacking: list[str] = []  # files its job needs that the image does not hold
+    would_build: str = ""  # what it builds at first start (declared built, not in the image)
+
+
+class FirstStart(Model):
+    """What still compiles on the device at the engine's first start."""
+
+    flashinfer_jit: list[str]  # FlashInfer modules on the path not built ahead of time
+    tool_builds: list[str]  # what run-time tools build at first start (an extension)
+    triton_kernels: int  # @triton.jit functions in the declared sources
+    tilelang_kernels: int
+    ptx_only: list[str]  # libraries the driver compiles from PTX
+
+    def line(self) -> str:
+        return (f"FlashInfer JIT modules {len(self.flashinfer_jit)}"
+                f"{' (' + ', '.join(self.flashinfer_jit) + ')' if self.flashinfer_jit else ''}; "
+                f"tool builds {len(self.tool_builds)}"
+                f"{' (' + '; '.join(self.tool_builds) + ')' if self.tool_builds else ''}; "
+                f"Triton kernels {self.triton_kernels}; TileLang kernels "
+                f"{self.tilelang_kernels}; PTX-only libraries {len(self.ptx_only)}")
+
+
+class TargetReport(Model):
+    """The image on its target device: every verdict with its evidence."""
+
+    device: str
+    family: str
+    declared_by: list[str]
+    unused: list[UnusedVerdict]
+    dead: list[DeadCode]
+    path: list[KernelVerdict]
+    tools: list[ToolVerdict]
+    first_start: FirstStart
+
+
 class Cost(Model):
     """What the audit took: wall and CPU seconds, bytes and files read."""
 
@@ -85,6 +165,7 @@ class AuditReport(Model):
     differences: list[Difference] = []
     notes: list[str] = []
     cuda: list[CudaOwner] = []
+    target_report: TargetReport | None = None
     dists: int = 0
     base_dists: list[str] = []
     cost: Cost

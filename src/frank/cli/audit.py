@@ -8,10 +8,39 @@ files). Exit 0: the image is what the lock says; 1: it is not (every difference 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from frank.cli.output import emit_json, json_option
+
+if TYPE_CHECKING:
+    from frank.audit.report import TargetReport
 from frank.cli.targets import built_image
+
+
+def _print_target(t: TargetReport) -> None:
+    """The target section: one line per verdict, its evidence on the line."""
+    click.echo(f"  target {t.device} (family {t.family}; facts from "
+               f"{', '.join(t.declared_by) or 'no part'}):")
+    for u in t.unused:
+        said = "" if u.evaluated is None else f"; evaluated: {u.evaluated}"
+        click.echo(f"    unused: {u.path} ({len(u.files)} files): {u.rule}: {u.why}{said}")
+    for k in t.path:
+        click.echo(f"    path: {k.role} via {k.backend}: {k.what}: {k.ref}: "
+                   f"{'ok' if k.ok else 'NONE'}: {k.evidence}")
+    for tool in t.tools:
+        state = (f"built: {tool.built}" if tool.built else f"found {tool.found}"
+                 if tool.found else "MISSING")
+        click.echo(f"    tool: {tool.tool} for {tool.by}: {state}")
+    for d in t.dead[:12]:
+        click.echo(f"    dead: {d.owner}: {d.bytes / 1e6:.1f} MB of {d.device_bytes / 1e6:.1f} "
+                   f"MB device code cannot run on {t.device} ({d.files_all_dead} files "
+                   f"wholly)")
+    if len(t.dead) > 12:
+        rest = sum(d.bytes for d in t.dead[12:])
+        click.echo(f"    dead: {len(t.dead) - 12} more owners, {rest / 1e6:.1f} MB (--json)")
+    click.echo(f"    first start compiles: {t.first_start.line()}")
 
 
 @click.command("audit")
@@ -52,4 +81,6 @@ def audit(target: str, require_target: bool, as_json: bool) -> None:
             click.echo(f"  gpu: {owner.line(report.target)}")
         for note in report.notes:
             click.echo(f"  note: {note}")
+        if report.target_report is not None:
+            _print_target(report.target_report)
     sys.exit(0 if report.ok else 1)

@@ -20,6 +20,7 @@ from frank.errors import FrankError
 from frank.fsutil import repo_path
 from frank.hashing import left_out, sha256_file, sha256_tree
 from frank.model.pins import check_one_line, matching
+from frank.model.targets import TargetFacts
 
 FlagValue = str | int | float | bool
 check_flag_name = matching(r"[A-Za-z0-9][A-Za-z0-9_-]*",
@@ -270,6 +271,9 @@ class PartBase(Strict):
     revert: Revert
     # left out of the spec when absent, so a part without a check keeps its key
     check: SmokeCheck | None = Field(default=None, exclude_if=lambda v: v is None)
+    # what the engine loads, selects and calls on a target family (frank.model.targets),
+    # held to the image by `frank audit --require-target`; left out of the spec when none
+    targets: list[TargetFacts] = Field(default=[], exclude_if=lambda v: not v)
 
     @model_validator(mode="after")
     def _artifact_present_unless_shelved(self) -> PartBase:
