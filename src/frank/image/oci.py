@@ -361,23 +361,21 @@ def write_layout(store: BlobStore, out: Path, index_raw: bytes, blobs: list[str]
                  epoch: int = 0, fresh: frozenset[str] | set[str] = frozenset()) -> None:
     """Assemble a layout in a temp dir next to ``out`` and swap it into place.
 
-    File modes are fixed (0644/0755) and mtimes set to ``epoch`` so two layouts of the same
-    image are identical to the metadata, whatever the umask or the clock (diffoscope checks
-    both). A blob goes out as a hard link to the store's file where the filesystem allows
-    (a copy of a 10 GB image was a third write of every byte): the store's stamp of it is
-    renewed after its mode and mtime are set, and a later write to either name changes the
-    shared ctime, so the store re-hashes it before any further use. Every blob that goes out
-    is hashed in full, whatever ``FRANK_VERIFY`` says (a stamp trusts a blob whose stat is
-    unchanged, and what goes out must be the bytes named), except the ``fresh`` ones: blobs
-    this build has just written and hashed on their way in, which are always linked from the
-    store (the output in place may hold a copy of one, made by an earlier build: hashing
-    that copy was a second full read of every byte a warm rebuild wrote). If the
-    output already holds exactly this layout, untouched since frank wrote it (same stat
-    stamps, see ``BlobStore``) and every blob still hashes to its name, nothing is copied: a
-    no-op rebuild reads the image once and writes nothing (the stamps live in the cache,
-    which is no proof). ``out`` may be inside a compose's stage (``frank.image.outdir``): the
-    output it will become is the one checked and recorded, and a current one is left to be
-    carried over (nothing is written to the stage then).
+    File modes are fixed (0444 blobs, 0644 index and oci-layout, 0755 folders) and mtimes
+    set to ``epoch`` so two layouts of the same image are identical to the metadata,
+    whatever the umask or the clock (diffoscope checks both). A blob goes out as a hard link
+    to the store's file where the filesystem allows (a copy of a 10 GB image was a third
+    write of every byte). Every blob that goes out holds the bytes of its name: the stat
+    ledger vouches for it (``frank.store.ledger``: frank hashed that very file and nothing
+    has changed it since; its ctime would have moved), or it is hashed, except the ``fresh``
+    ones: blobs this build has just written and hashed on their way in. ``FRANK_VERIFY=full``
+    trusts no ledger entry (a disk that flips bits in place moves no ctime). If the output
+    already holds exactly this layout with the layout's modes and every blob holds its
+    name's bytes, nothing is written: a no-op rebuild takes one stat per blob. The ledger
+    is told of the new output's blobs once frank's own links and removals are done
+    (``Ledger.carry``). ``out`` may be inside a compose's stage (``frank.image.outdir``):
+    the output it will become is the one checked and recorded, and a current one is left to
+    be carried over (nothing is written to the stage then).
     """
     from frank.image.outdir import final_path
 
