@@ -386,14 +386,14 @@ def write_layout(store: BlobStore, out: Path, index_raw: bytes, blobs: list[str]
     with record.with_suffix(".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two builds into one output take turns
         # Current: the same index, exactly these blobs with the layout's mode and mtime, each
-        # hashing to its name. Not the stat stamps: out/'s blobs are links to the store's,
-        # so every later link or unlink of the inode moves its ctime, and the hash decides.
-        # (a fresh blob is a new inode: the output in place cannot hold it, only a copy)
+        # holding its name's bytes by the stat ledger or a hash (not the output record's
+        # stamps: a record in the cache is no proof). A fresh blob is a new inode: the
+        # output in place cannot hold it, only a copy.
         if fresh.intersection(wanted) or not (
                 _output_is_current(final, index_raw, wanted, record, stamps=False)
                 and _meta_fixed(final, wanted, epoch) and _blobs_match(store, final, wanted)):
-            # every blob is hashed on its way out (linked or copied) unless this build wrote
-            # it: the store's stamp need not be trusted (nor a full hash paid twice) here
+            # every blob on its way out (linked or copied) is vouched for by the ledger or
+            # hashed, unless this build wrote it
             sources = {d: store.path(d) if store.path(d).is_file() else store.verified_path(d)
                        for d in wanted}
             _write_layout_locked(store, out, index_raw, sources, record, epoch, final,
