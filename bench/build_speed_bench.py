@@ -71,6 +71,16 @@ def timed(cmd: list[str], cwd: Path, env: dict[str, str]
     return elapsed, usage.ru_maxrss * 1024, cpu, stdout, stderr
 
 
+def results_head(title: str, script: str) -> str:
+    """A results file's title, command and machine lines (with the load at the end)."""
+    load = os.getloadavg()
+    return (f"# {title}, {datetime.now(UTC).strftime('%Y-%m-%d %H:%M')} UTC\n\n"
+            f"Command: `python bench/{script} {' '.join(sys.argv[1:])}`  \n"
+            f"Machine: {platform.node()} ({platform.machine()}, {os.cpu_count()} cores, "
+            f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB), "
+            f"load average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}  \n")
+
+
 def frank(repo: Path, cache: Path, *args: str) -> tuple[float, int, dict]:
     env = {k: v for k, v in os.environ.items() if k != "SOURCE_DATE_EPOCH"}
     env["FRANK_CACHE"] = env["FRANK_CACHE_DIR"] = str(cache)
@@ -223,14 +233,8 @@ def main() -> None:
             print(rows[-3:], flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    load = os.getloadavg()
-    head = (f"# Build speed of {args.stack} against uv, "
-            f"{datetime.now(UTC).strftime('%Y-%m-%d %H:%M')} UTC\n\n"
-            f"Command: `python bench/build_speed_bench.py {' '.join(sys.argv[1:])}`  \n"
-            f"Machine: {platform.node()} ({platform.machine()}, {os.cpu_count()} cores, "
-            f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB), "
-            f"load average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}  \n"
-            f"Image digest (cold; warm-dl gave the same: {same}): `{digest}`\n\n"
+    head = (results_head(f"Build speed of {args.stack} against uv", "build_speed_bench.py")
+            + f"Image digest (cold; warm-dl gave the same: {same}): `{digest}`\n\n"
             "| step | time | notes |\n|---|---|---|\n")
     table = head + "".join(f"| {a} | {b} | {c} |\n" for a, b, c in rows)
     print(table)

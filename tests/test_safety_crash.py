@@ -440,6 +440,10 @@ def test_layer_index_pointing_at_another_blob_is_a_miss(mini: Any, tmp_path: Pat
 
 
 def test_a_corrupt_blob_with_a_matching_stamp_never_goes_out(mini: Any, tmp_path: Path) -> None:
+    """A store blob edited in place with its mtime set back: the stat ledger sees the new
+    ctime and hashes it (default mode). One whose ledger entry is forged to match (an
+    untrusted writer of the cache, or bit rot, which moves no ctime) is caught only where
+    nothing stored is trusted: ``FRANK_VERIFY=full`` (docs/trust.md)."""
     from frank.image.oci import build_image, read_layout
     from frank.store.blobs import BlobStore
 
@@ -451,12 +455,26 @@ def test_a_corrupt_blob_with_a_matching_stamp_never_goes_out(mini: Any, tmp_path
     blob = store.path(digest)
     data = bytearray(blob.read_bytes())
     data[700] ^= 0xFF
-    blob.write_bytes(bytes(data))  # as bit rot would: then make the stamp agree
-    store._write_stamp(digest, store._stat_key(blob))
+    st = blob.stat()
+    blob.write_bytes(bytes(data))
+    os.utime(blob, ns=(st.st_atime_ns, st.st_mtime_ns))  # size and mtime as they were
+    store.ledger.save()
     fresh_store = BlobStore(tmp_path / "cache")
     with pytest.raises(FrankError, match="does not match its digest"):
         build_image(spec, fresh_store, tmp_path / "out2", quiet=True)
     assert not (tmp_path / "out2").exists()
+    # made again, then edited and the ledger made to agree: full verification catches it
+    build_image(spec, fresh_store, tmp_path / "out3", quiet=True)
+    blob = store.path(digest)
+    data = bytearray(blob.read_bytes())
+    data[700] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    fresh_store.note(digest)
+    fresh_store.ledger.save()
+    with pytest.raises(FrankError, match="does not match its digest"):
+        build_image(spec, BlobStore(tmp_path / "cache", full_verify=True), tmp_path / "out4",
+                    quiet=True)
+    assert not (tmp_path / "out4").exists()
 
 
 # -- issue 44 item 14: frank gc, alone with the store -------------------------------------------

@@ -43,7 +43,8 @@ class AuditFailed(FrankError):
 def audit_layout(layout: Path, lock: Lock | None, root: Path, *,
                  store: BlobStore | None = None, require_target: bool = False,
                  workers: int | None = None,
-                 known: Mapping[str, list[Entry]] | None = None) -> AuditReport:
+                 known: Mapping[str, list[Entry]] | None = None,
+                 keep_known: bool = False) -> AuditReport:
     """Every difference between the image at ``layout`` and ``lock`` (repo at ``root``);
     without a lock, the one the image carries.
 
@@ -51,6 +52,8 @@ def audit_layout(layout: Path, lock: Lock | None, root: Path, *,
     the build hashed into that digest as it wrote them (in its own worker, handed over
     in memory, never stored): those layers are not read back. What the audit holds them to
     is the same: every file's own sha256, parsed from the tar by this module's reader.
+    ``keep_known``: those readings are kept by digest too (``frank.audit.kept``), as the
+    readings of blobs read here are where the stat ledger vouches for the blob.
     """
     from frank.build.plan import build_plan
 
@@ -72,13 +75,16 @@ def audit_layout(layout: Path, lock: Lock | None, root: Path, *,
     known = known or {}
     mine = {i: known[str(d.get("digest", ""))] for i, d in enumerate(descs)
             if str(d.get("digest", "")) in known}
-    view = read_image(blobs, workers, mine)
+    sound, kept = _kept(store, blobs, descs, mine)
+    sound -= set() if keep_known else set(mine)
+    view = read_image(blobs, workers, {**mine, **kept})
     if lock is None:
         lock = _carried(view, layout)
     plan = build_plan(lock, root)
     want = expected(plan, lock, root, store)
     diffs, base_layers = _base(manifest, lock, root, store)
     read_large_cuda(view)
+    _keep(store, view, descs, sound - set(kept))
     found, owned, base_dists = Checker(view, want, base_layers).run()
     diffs += found
     diffs += config(want, image_config)
@@ -92,13 +98,34 @@ def audit_layout(layout: Path, lock: Lock | None, root: Path, *,
     nfiles = sum(1 for _, e in view.visible.values() if e.kind == "file")
     cost = Cost(seconds=round(time.perf_counter() - start, 3),
                 cpu_seconds=round(time.process_time() - cpu, 3), layers=len(blobs),
-                bytes=total, files=nfiles, read_in_build=len(mine))
+                bytes=total, files=nfiles, read_in_build=len(mine), kept=len(kept))
     return AuditReport(layout=str(layout), digest=digest, stack=lock.stack,
                        lock_digest=lock.digest, target=want.target, ok=not diffs,
                        require_target=require_target, differences=diffs, notes=want.notes,
                        cuda=cuda, target_report=target, dists=len(want.dists),
                        base_dists=sorted(base_dists),
                        cost=cost)
+
+
+def _kept(store: BlobStore, blobs: list[Path], descs: list[Any],
+          tapped: Mapping[int, list[Entry]]) -> tuple[set[int], dict[int, list[Entry]]]:
+    """The layers whose reading is of their digest's bytes (tapped by the build, or a blob
+    the stat ledger vouches for), and of those the ones an earlier audit kept a reading of
+    (``frank.audit.kept``), by index."""
+    from frank.audit.kept import kept_readings, vouched
+
+    want = {i: str(d.get("digest", "")) for i, d in enumerate(descs)
+            if i not in tapped and vouched(store, blobs[i], str(d.get("digest", "")))}
+    found = kept_readings(store, want.values())
+    return set(want) | set(tapped), {i: found[d] for i, d in want.items() if d in found}
+
+
+def _keep(store: BlobStore, view: MergedView, descs: list[Any], read: set[int]) -> None:
+    """Keep the readings of ``read``: layers read now whose bytes are their digest's."""
+    from frank.audit.kept import keep_readings
+
+    keep_readings(store, {str(descs[layer.index].get("digest", "")): layer.entries
+                          for layer in view.layers if layer.index in read})
 
 
 def _on_target(view: MergedView, lock: Lock, want: Expected,

@@ -157,7 +157,9 @@ def expected(plan: BuildPlan, lock: Lock, root: Path, store: BlobStore) -> Expec
                 want.notes.append(f"{w.filename} is not in the store: its files are checked "
                                   "against the image's own RECORD only")
             else:
-                files = wheel_record(path)
+                from frank.audit.kept import wheel_record as kept_record
+
+                files = kept_record(store, w.sha256, path, wheel_record)
             want.dists[canonicalize_name(w.name)] = WantDist(
                 canonicalize_name(w.name), w.version, layer.part or "closure", files)
         for folder in layer.build_wheels:

@@ -147,6 +147,8 @@ class Cost(Model):
     files: int
     # layers whose entries the build read from the bytes it wrote (not read back here)
     read_in_build: int = 0
+    # layers whose reading an earlier audit kept by digest (frank.audit.kept), not read again
+    kept: int = 0
 
 
 class AuditReport(Model):

@@ -79,7 +79,8 @@ def compose(stack: str, out_dir: Path | None, locked: bool, builder: str,
             audit_kept = report is not None
             if report is None:
                 with console.status("auditing the image against its lock"):
-                    report = audit_layout(audited, result.lock, root, known=built.tapped)
+                    report = audit_layout(audited, result.lock, root, known=built.tapped,
+                                          keep_known=True)
             report = report.model_copy(update={"layout": str(out / "image")})
             save_record(report, stage)
     summary = {

@@ -361,23 +361,21 @@ def write_layout(store: BlobStore, out: Path, index_raw: bytes, blobs: list[str]
                  epoch: int = 0, fresh: frozenset[str] | set[str] = frozenset()) -> None:
     """Assemble a layout in a temp dir next to ``out`` and swap it into place.
 
-    File modes are fixed (0644/0755) and mtimes set to ``epoch`` so two layouts of the same
-    image are identical to the metadata, whatever the umask or the clock (diffoscope checks
-    both). A blob goes out as a hard link to the store's file where the filesystem allows
-    (a copy of a 10 GB image was a third write of every byte): the store's stamp of it is
-    renewed after its mode and mtime are set, and a later write to either name changes the
-    shared ctime, so the store re-hashes it before any further use. Every blob that goes out
-    is hashed in full, whatever ``FRANK_VERIFY`` says (a stamp trusts a blob whose stat is
-    unchanged, and what goes out must be the bytes named), except the ``fresh`` ones: blobs
-    this build has just written and hashed on their way in, which are always linked from the
-    store (the output in place may hold a copy of one, made by an earlier build: hashing
-    that copy was a second full read of every byte a warm rebuild wrote). If the
-    output already holds exactly this layout, untouched since frank wrote it (same stat
-    stamps, see ``BlobStore``) and every blob still hashes to its name, nothing is copied: a
-    no-op rebuild reads the image once and writes nothing (the stamps live in the cache,
-    which is no proof). ``out`` may be inside a compose's stage (``frank.image.outdir``): the
-    output it will become is the one checked and recorded, and a current one is left to be
-    carried over (nothing is written to the stage then).
+    File modes are fixed (0444 blobs, 0644 index and oci-layout, 0755 folders) and mtimes
+    set to ``epoch`` so two layouts of the same image are identical to the metadata,
+    whatever the umask or the clock (diffoscope checks both). A blob goes out as a hard link
+    to the store's file where the filesystem allows (a copy of a 10 GB image was a third
+    write of every byte). Every blob that goes out holds the bytes of its name: the stat
+    ledger vouches for it (``frank.store.ledger``: frank hashed that very file and nothing
+    has changed it since; its ctime would have moved), or it is hashed, except the ``fresh``
+    ones: blobs this build has just written and hashed on their way in. ``FRANK_VERIFY=full``
+    trusts no ledger entry (a disk that flips bits in place moves no ctime). If the output
+    already holds exactly this layout with the layout's modes and every blob holds its
+    name's bytes, nothing is written: a no-op rebuild takes one stat per blob. The ledger
+    is told of the new output's blobs once frank's own links and removals are done
+    (``Ledger.carry``). ``out`` may be inside a compose's stage (``frank.image.outdir``):
+    the output it will become is the one checked and recorded, and a current one is left to
+    be carried over (nothing is written to the stage then).
     """
     from frank.image.outdir import final_path
 
@@ -388,14 +386,14 @@ def write_layout(store: BlobStore, out: Path, index_raw: bytes, blobs: list[str]
     with record.with_suffix(".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two builds into one output take turns
         # Current: the same index, exactly these blobs with the layout's mode and mtime, each
-        # hashing to its name. Not the stat stamps: out/'s blobs are links to the store's,
-        # so every later link or unlink of the inode moves its ctime, and the hash decides.
-        # (a fresh blob is a new inode: the output in place cannot hold it, only a copy)
+        # holding its name's bytes by the stat ledger or a hash (not the output record's
+        # stamps: a record in the cache is no proof). A fresh blob is a new inode: the
+        # output in place cannot hold it, only a copy.
         if fresh.intersection(wanted) or not (
                 _output_is_current(final, index_raw, wanted, record, stamps=False)
-                and _meta_fixed(final, wanted, epoch) and _blobs_match(final, wanted)):
-            # every blob is hashed on its way out (linked or copied) unless this build wrote
-            # it: the store's stamp need not be trusted (nor a full hash paid twice) here
+                and _meta_fixed(final, wanted, epoch) and _blobs_match(store, final, wanted)):
+            # every blob on its way out (linked or copied) is vouched for by the ledger or
+            # hashed, unless this build wrote it
             sources = {d: store.path(d) if store.path(d).is_file() else store.verified_path(d)
                        for d in wanted}
             _write_layout_locked(store, out, index_raw, sources, record, epoch, final,
@@ -404,15 +402,19 @@ def write_layout(store: BlobStore, out: Path, index_raw: bytes, blobs: list[str]
             shutil.rmtree(out, ignore_errors=True)  # the output in place is carried over
 
 
+LAYOUT_BLOB_MODE = 0o444  # a layout's blob is a link to the store's, read-only as it is
+
+
 def _link_blob(src: Path, dest: Path, epoch: int) -> bool:
     """Hard-link a store blob into a layout; False where it cannot be (another filesystem,
-    or the blob already serves a layout of another epoch: changing its mode and mtime would
-    make that layout look modified). The caller hashes it unless this build wrote it."""
+    or the blob already serves a layout of another epoch: changing its mtime would make that
+    layout look modified; a 0644 blob is one an older frank fixed for a layout)."""
     try:
         st = src.stat()
     except OSError:
         return False
-    if stat.S_IMODE(st.st_mode) == 0o644 and st.st_mtime_ns != epoch * 1_000_000_000:
+    serves = st.st_nlink > 1 or stat.S_IMODE(st.st_mode) == 0o644
+    if serves and st.st_mtime_ns != epoch * 1_000_000_000:
         return False
     try:
         os.link(src, dest)
@@ -447,42 +449,42 @@ def _copy_verified(store: BlobStore, digest: str, src: Path, dest: Path) -> None
 def _meta_fixed(layout: Path, blobs: list[str], epoch: int) -> bool:
     """Whether every file of the layout has the mode and mtime frank gives it."""
     try:
-        return all(stat.S_IMODE(st.st_mode) == 0o644
+        return all(stat.S_IMODE(st.st_mode) == (LAYOUT_BLOB_MODE if rel.startswith("blobs/")
+                                                 else 0o644)
                    and st.st_mtime_ns == epoch * 1_000_000_000
-                   for st in ((layout / rel).stat() for rel in _layout_files(layout, blobs)))
+                   for rel, st in ((rel, (layout / rel).stat())
+                                   for rel in _layout_files(layout, blobs)))
     except OSError:
         return False
 
 
-def _blobs_match(layout: Path, blobs: list[str]) -> bool:
-    """Whether every blob of the output in place hashes to its name: its record in the
-    cache says it is untouched, but a record can be edited as easily as a blob. A no-op
-    compose of a 10 GB image pays this (``_hash_all``: one blob per core)."""
+def _blobs_match(store: BlobStore, layout: Path, blobs: list[str]) -> bool:
+    """Whether every blob of the output in place holds the bytes of its name: by the stat
+    ledger (``frank.store.ledger``) where frank hashed the very file before and nothing has
+    changed it since, else hashed (``_hash_all``: one blob per core). The output record in
+    the cache is not what decides: a record can be edited as easily as a blob."""
     paths = [(d, layout_blob_path(layout, d)) for d in blobs]
-    return not _hash_all(paths)
+    return not _hash_all(store, paths)
 
 
-def _hash_all(paths: list[tuple[str, Path]]) -> set[Path]:
-    """The paths whose content does not hash to their digest (or cannot be read), hashed
-    one per core at a time, the largest first (hashlib lets go of the GIL)."""
+def _hash_all(store: BlobStore, paths: list[tuple[str, Path]]) -> set[Path]:
+    """The paths whose content does not hash to their digest (or cannot be read): the
+    ledger's answer where it has one, the rest hashed one per core at a time, the largest
+    first (hashlib lets go of the GIL)."""
     from concurrent.futures import ThreadPoolExecutor
+
+    ledger = store.ledger
 
     def bad(item: tuple[str, Path]) -> bool:
         try:
-            return sha256_file(item[1]) != item[0]
+            return "sha256:" + ledger.sha256(item[1]) != item[0]
         except OSError:
             return True
 
-    big_first = sorted(paths, key=lambda item: -_size(item[1]))
+    todo = [item for item in paths if ledger.known(item[1]) != item[0].split(":", 1)[1]]
+    big_first = sorted(todo, key=lambda item: -_size(item[1]))
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         return {p for (_, p), b in zip(big_first, pool.map(bad, big_first), strict=True) if b}
-
-
-def _inode(path: Path) -> int:
-    try:
-        return path.stat().st_ino
-    except OSError:
-        return -1
 
 
 def _size(path: Path) -> int:
@@ -492,24 +494,16 @@ def _size(path: Path) -> int:
         return 0
 
 
-def _reusable(final: Path, record: Path) -> dict[str, Path]:
-    """Blobs of the output in place that are as frank wrote and hashed them (their stamps
-    match the record): a new output links them instead of copying and hashing them again,
-    so a one-part change of a 10 GB image writes only the layers that changed."""
-    try:
-        files = json.loads(record.read_bytes()).get("files", {})
-    except (OSError, ValueError, AttributeError):
-        return {}
+def _reusable(final: Path, wanted: list[str]) -> dict[str, Path]:
+    """Blobs of the output in place whose ledger entry still holds (frank hashed that very
+    file, and nothing has changed it since): a new output links them instead of copying and
+    hashing them again, so a one-part change of a 10 GB image writes and reads only the
+    layers that changed."""
     found = {}
-    for rel, stamp in files.items():
-        if not rel.startswith("blobs/sha256/"):
-            continue
-        try:
-            st = (final / rel).stat()
-        except OSError:
-            continue
-        if [st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns] == stamp:
-            found["sha256:" + rel.rsplit("/", 1)[1]] = final / rel
+    for digest in wanted:
+        path = layout_blob_path(final, digest)
+        if path.is_file():
+            found[digest] = path
     return found
 
 
@@ -518,69 +512,70 @@ def _write_layout_locked(store: BlobStore, out: Path, index_raw: bytes,
                          final: Path | None = None,
                          fresh: frozenset[str] | set[str] = frozenset()) -> None:
     wanted = list(sources)
-    reuse = _reusable(final or out, record)
+    final = final or out
+    reuse = _reusable(final, wanted)
+    ledger = store.ledger
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         bdir = tmp / "blobs" / "sha256"
         bdir.mkdir(parents=True)
         # links first (a blob this build wrote from the store, another from the output in
-        # place where it is as recorded, else from the store), then every link not written
-        # by this build hashed, one per core; a copy only where a link cannot be made
-        reused: list[tuple[str, Path]] = []
-        linked: list[tuple[str, Path]] = []
+        # place or the store where the ledger vouches for that file, else from the store),
+        # then every link nobody vouched for hashed, one per core; a copy only where a link
+        # cannot be made. The ledger is asked before the link: a link moves the ctime.
+        vouched: set[str] = set(fresh)
+        unvouched: list[tuple[str, Path]] = []
         for digest, src in sources.items():
             dest = bdir / digest.split(":", 1)[1]
-            if digest not in fresh and digest in reuse:
+            hexd = digest.split(":", 1)[1]
+            if digest not in fresh and digest in reuse and ledger.known(reuse[digest]) == hexd:
                 try:
                     os.link(reuse[digest], dest)
-                    reused.append((digest, dest))
+                    vouched.add(digest)
                     continue
                 except OSError:
                     pass
+            known = digest in fresh or ledger.known(src) == hexd
             if _link_blob(src, dest, epoch):
-                if digest not in fresh:
-                    linked.append((digest, dest))
+                if known:
+                    vouched.add(digest)
+                else:
+                    unvouched.append((digest, dest))
             else:
                 _copy_verified(store, digest, src, dest)
-        bad = _hash_all(reused + linked)
-        for digest, dest in reused:
-            if dest in bad:  # the previous output's copy did not hold: the store's, hashed
-                dest.unlink()
-                src = sources[digest]
-                if _link_blob(src, dest, epoch):
-                    linked.append((digest, dest))
-                    bad |= _hash_all([(digest, dest)])
-                else:
-                    _copy_verified(store, digest, src, dest)
-        for digest, dest in linked:
+                vouched.add(digest)
+        bad = _hash_all(store, unvouched)
+        for digest, dest in unvouched:
             if dest in bad:
                 actual = sha256_file(dest)
                 dest.unlink()
                 raise _moved_aside(store, digest, sources[digest], actual)
-        for digest in sources:  # the store's stamp of a linked blob, after its meta is set
-            dest = bdir / digest.split(":", 1)[1]
-            _fix_meta(dest, 0o644, epoch)
-            if dest.stat().st_ino == _inode(sources[digest]):
-                store._write_stamp(digest, store._stat_key(sources[digest]))
+            vouched.add(digest)
+        for digest in sources:
+            _fix_meta(bdir / digest.split(":", 1)[1], LAYOUT_BLOB_MODE, epoch)
         (tmp / "oci-layout").write_bytes(canonical_json({"imageLayoutVersion": "1.0.0"}))
         (tmp / "index.json").write_bytes(index_raw)
-        for p in bdir.iterdir():
-            _fix_meta(p, 0o644, epoch)
         for p in (tmp / "oci-layout", tmp / "index.json"):
             os.chmod(p, 0o644)
             os.utime(p, (epoch, epoch))
         for p in (bdir, tmp / "blobs", tmp):
             os.chmod(p, 0o755)
             os.utime(p, (epoch, epoch))
-        stamps = _stamps(tmp, wanted)
         with contextlib.suppress(FileNotFoundError):
             record.unlink()
         _swap_into_place(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    doc = {"index": sha256_bytes(index_raw), "files": stamps}
+    # every blob of the new output was hashed (now or before, by the ledger) or written by
+    # this build: the ledger is told so under the names the output and the store give it,
+    # once frank's own links and removals have settled (see Ledger.carry)
+    for digest in sources:
+        made = out / "blobs" / "sha256" / digest.split(":", 1)[1]
+        for name in {final / "blobs" / "sha256" / made.name, store.path(digest)}:
+            ledger.carry(name, made, digest.split(":", 1)[1])
+    doc = {"index": sha256_bytes(index_raw), "files": _stamps(out, wanted)}
     store._atomic_write(record, canonical_json(doc))
 
 

@@ -6,11 +6,11 @@ into place, so a reader never sees a half-written blob. Every read verifies the 
 its digest; a mismatch is a one-line FrankError and the bad blob is moved aside, never used.
 
 Re-hashing multi-gigabyte layers on every no-op rebuild would dominate its time, so a full
-hash is remembered as a stamp of (size, inode, mtime_ns, ctime_ns). Any write to the blob
-changes ctime, which userland cannot set back, so a blob whose stat still matches its stamp
-is the blob that was hashed. ``FRANK_VERIFY=full`` (or ``BlobStore(full_verify=True)``)
-re-hashes on every read anyway. What goes out into an image layout is hashed in full in
-every mode (``oci.write_layout``): a stamp cannot see a disk that flips bits in place.
+hash is remembered in the store's stat ledger (``frank.store.ledger``: path -> stat ->
+sha256, git's racy rule, FUSE and NFS always hashed): a blob whose stat still matches is the
+blob that was hashed. Blobs are written read-only (0444), as Nix does: nothing writes one in
+place. ``FRANK_VERIFY=full`` (or ``BlobStore(full_verify=True)``) re-hashes on every read
+anyway; a disk that flips bits without a write is only seen that way (docs/trust.md).
 
 The layer index maps a layer key to a blob. An entry names its own key, and the blob keeps
 a record of each key it was made for (``layer-keys/<blob>-<key>``): an entry copied from
@@ -41,6 +41,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from frank.errors import FrankError
 from frank.model.pins import DIGEST_RE as DIGEST_RE
 from frank.store.direct import DirectFile
+from frank.store.ledger import Ledger
+
+BLOB_MODE = 0o444  # a blob is never written in place (Nix's store paths are read-only too)
 
 _CHUNK = 1 << 20
 
@@ -124,15 +127,14 @@ class BlobStore:
         self.root = Path(root) if root is not None else default_root()
         self.blob_dir = self.root / "blobs" / "sha256"
         self.layer_dir = self.root / "layers"
-        self.stamp_dir = self.root / "stamps"
         self.tmp_dir = self.root / "tmp"
-        for d in (self.blob_dir, self.layer_dir, self.stamp_dir, self.tmp_dir):
+        for d in (self.blob_dir, self.layer_dir, self.tmp_dir):
             d.mkdir(parents=True, exist_ok=True)
         if full_verify is None:
             full_verify = os.environ.get("FRANK_VERIFY", "") == "full"
         self.full_verify = full_verify
         self.stats = StoreStats()
-        self._verified: dict[str, tuple[int, int, int, int]] = {}
+        self.ledger = _ledger_of(self.root, full=full_verify)
         self.key_dir = self.root / "layer-keys"
         self.key_dir.mkdir(exist_ok=True)
         _join_users(self.root, self.tmp_dir)
@@ -148,28 +150,10 @@ class BlobStore:
         return self.path(digest).is_file()
 
     # -- verification ------------------------------------------------------------------------
-    @staticmethod
-    def _stat_key(path: Path) -> tuple[int, int, int, int]:
-        st = path.stat()
-        return (st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
-
-    def _stamp_path(self, digest: str) -> Path:
-        return self.stamp_dir / digest.split(":", 1)[1]
-
-    def _read_stamp(self, digest: str) -> tuple[int, int, int, int] | None:
-        if digest in self._verified:
-            return self._verified[digest]
-        try:
-            raw = json.loads(self._stamp_path(digest).read_text())
-            key = (int(raw[0]), int(raw[1]), int(raw[2]), int(raw[3]))
-        except (OSError, ValueError, TypeError, IndexError, KeyError):
-            return None
-        self._verified[digest] = key
-        return key
-
-    def _write_stamp(self, digest: str, key: tuple[int, int, int, int]) -> None:
-        self._verified[digest] = key
-        self._atomic_write(self._stamp_path(digest), json.dumps(list(key)).encode())
+    def note(self, digest: str, path: Path | None = None) -> None:
+        """Record in the ledger that ``path`` (the blob's own by default), as it is now,
+        holds ``digest``: for bytes frank has just written or hashed itself."""
+        self.ledger.note(path or self.path(digest), digest.split(":", 1)[1])
 
     def verified_path(self, digest: str) -> Path:
         """The blob's path after checking its content matches ``digest``.
@@ -178,15 +162,15 @@ class BlobStore:
         one-line FrankError naming the blob; a missing blob raises too.
         """
         path = self.path(digest)
+        hashed = self.ledger.hashed
         try:
-            key = self._stat_key(path)
+            actual = "sha256:" + self.ledger.sha256(path)
         except FileNotFoundError:
             raise FrankError(f"blob {digest} is missing from the cache", file=path) from None
-        if not self.full_verify and self._read_stamp(digest) == key:
+        if self.ledger.hashed == hashed:
             self.stats.stamp_hits += 1
-            return path
-        self.stats.full_hashes += 1
-        actual = sha256_file(path)
+        else:
+            self.stats.full_hashes += 1
         if actual != digest:
             self._quarantine(path)
             raise BlobMovedAside(
@@ -194,7 +178,6 @@ class BlobStore:
                 "it was moved aside, rebuild to re-create it",
                 file=path,
             )
-        self._write_stamp(digest, key)
         return path
 
     def _quarantine(self, path: Path) -> None:
@@ -202,9 +185,7 @@ class BlobStore:
         bad.mkdir(exist_ok=True)
         with contextlib.suppress(OSError):
             os.replace(path, bad / path.name)
-        with contextlib.suppress(OSError):
-            self._stamp_path("sha256:" + path.name).unlink()
-        self._verified.pop("sha256:" + path.name, None)
+        self.ledger.forget(path)
 
     def read_bytes(self, digest: str) -> bytes:
         """A small blob's content, verified (manifests, configs)."""
@@ -219,11 +200,13 @@ class BlobStore:
         return data
 
     # -- writing -----------------------------------------------------------------------------
-    def _atomic_write(self, dest: Path, data: bytes) -> None:
+    def _atomic_write(self, dest: Path, data: bytes, mode: int | None = None) -> None:
         fd, tmp = tempfile.mkstemp(dir=self.tmp_dir, prefix=".w-")
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
+            if mode is not None:
+                os.chmod(tmp, mode)
             os.replace(tmp, dest)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -241,8 +224,8 @@ class BlobStore:
                 return digest
             except FrankError:
                 pass  # a bad copy was moved aside; write a good one
-        self._atomic_write(path, data)
-        self._write_stamp(digest, self._stat_key(path))
+        self._atomic_write(path, data, BLOB_MODE)
+        self.note(digest)
         self.stats.blobs_written += 1
         return digest
 
@@ -275,12 +258,13 @@ class BlobStore:
             if expected is not None and w.digest != expected:
                 raise FrankError(f"content has {w.digest}, the pin says {expected}")
             dest = self.path(w.digest)
-            if dest.is_file() and self._read_stamp(w.digest) == self._stat_key(dest):
+            if self.ledger.known(dest) == w.digest.split(":", 1)[1]:
                 os.unlink(tmp)
                 self.stats.blobs_reused += 1
             else:
+                os.chmod(tmp, BLOB_MODE)
                 os.replace(tmp, dest)
-                self._write_stamp(w.digest, self._stat_key(dest))
+                self.note(w.digest)
                 self.stats.blobs_written += 1
         except BaseException:
             f.close()
@@ -332,6 +316,17 @@ class BlobStore:
                            key.encode())
         doc = {"key": key, "record": rec.model_dump(mode="json")}
         self._atomic_write(self._layer_path(key), json.dumps(doc, sort_keys=True).encode())
+
+
+# cache root -> its ledger, one per process (every BlobStore of a root shares what it noted)
+_LEDGERS: dict[tuple[Path, bool], Ledger] = {}
+
+
+def _ledger_of(root: Path, *, full: bool) -> Ledger:
+    key = (root.resolve(), full)
+    if key not in _LEDGERS:
+        _LEDGERS[key] = Ledger(root, full=full)
+    return _LEDGERS[key]
 
 
 # cache root -> the fd holding its users.lock shared, for the life of the process

@@ -1,0 +1,111 @@
+"""The audit's kept readings (issue 53): a layer read once is not read again while the stat
+ledger vouches for both the blob and the record; anything else is read again."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from frank.audit.kept import keep_readings, kept_readings, vouched
+from frank.audit.layers import read_layer
+from frank.store.blobs import BlobStore
+from frank.store.ledger import coarse_ns
+
+
+def _layer(files: dict[str, bytes]) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def _settled(path: Path) -> None:
+    while coarse_ns() <= path.stat().st_ctime_ns:
+        time.sleep(0.002)
+
+
+@pytest.fixture
+def kept(tmp_path: Path) -> tuple[BlobStore, str, list]:
+    store = BlobStore(tmp_path / "cache")
+    digest = store.put_bytes(_layer({"opt/a.txt": b"alpha\n", "opt/b.bin": b"\x7fELF" + bytes(60)}))
+    _settled(store.path(digest))
+    entries = read_layer(0, store.verified_path(digest)).entries
+    keep_readings(store, {digest: entries})
+    _settled(store.root / "audit-layers" / f"{digest.split(':')[1]}.json")
+    return store, digest, entries
+
+
+def test_a_kept_reading_is_the_reading(kept: tuple[BlobStore, str, list]) -> None:
+    store, digest, entries = kept
+    store.ledger.save()
+    again = BlobStore(store.root)
+    assert kept_readings(again, [digest]) == {digest: entries}
+    assert vouched(again, again.path(digest), digest)
+
+
+def test_a_record_edited_in_place_is_not_used(kept: tuple[BlobStore, str, list]) -> None:
+    """The record's sha256 of opt/a.txt changed, size and mtime put back: read again."""
+    store, digest, entries = kept
+    record = store.root / "audit-layers" / f"{digest.split(':')[1]}.json"
+    st = record.stat()
+    doc = json.loads(record.read_bytes())
+    good = entries[0].sha256
+    raw = record.read_bytes().replace(good.encode(), ("0" * 64).encode())
+    assert len(raw) == st.st_size and doc["data"][0][6] == good
+    record.write_bytes(raw)
+    os.utime(record, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert kept_readings(store, [digest]) == {}
+
+
+def test_only_a_blob_the_ledger_vouches_for_is_vouched(kept: tuple[BlobStore, str, list],
+                                                       tmp_path: Path) -> None:
+    """A layout's hard link of the store blob is vouched for (same inode); a copy is not
+    (read it), nor is the blob once it was written to, nor anything under FRANK_VERIFY=full."""
+    store, digest, _ = kept
+    link, copy = tmp_path / "link", tmp_path / "copy"
+    os.link(store.path(digest), link)
+    assert not vouched(store, link, digest)  # a link moves the ctime: hashed again first
+    store.verified_path(digest)
+    shutil.copyfile(store.path(digest), copy)
+    assert vouched(store, link, digest) and not vouched(store, copy, digest)
+    assert not vouched(BlobStore(store.root, full_verify=True), link, digest)
+    assert kept_readings(BlobStore(store.root, full_verify=True), [digest]) == {}
+    path = store.path(digest)
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    data[600] ^= 0xFF  # inside opt/a.txt's data block
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert not vouched(store, link, digest) and not vouched(store, path, digest)
+
+
+def test_every_field_of_an_entry_comes_back(tmp_path: Path) -> None:
+    """GPU code with its sizes and hidden count included: a kept reading loses nothing, and
+    Entry and CudaCode have no field the record does not hold (a new one must be added to
+    frank.audit.kept, or nothing is kept at all)."""
+    from frank.audit.cuda import CudaCode
+    from frank.audit.kept import shape_known
+    from frank.audit.layers import Entry
+
+    assert shape_known()
+    store = BlobStore(tmp_path / "cache")
+    digest = store.put_bytes(_layer({"lib/x.so": b"\x7fELF" + bytes(60)}))
+    entry = Entry("lib/x.so", "file", 64, 512, 0o755, "", "ab" * 32, b"\x7fELF" + bytes(60),
+                  CudaCode(frozenset({"sm_120"}), frozenset({"sm_90"}),
+                           (("sass", "sm_120", 4096), ("ptx", "sm_90", 100)), 2), True)
+    keep_readings(store, {digest: [entry]})
+    _settled(store.root / "audit-layers" / f"{digest.split(':')[1]}.json")
+    back = kept_readings(store, [digest])[digest][0]
+    assert back == entry
+    assert back.cuda is not None and entry.cuda is not None
+    assert (back.cuda.sizes, back.cuda.hidden) == (entry.cuda.sizes, entry.cuda.hidden)
