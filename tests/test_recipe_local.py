@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import posixpath
 import shutil
 import subprocess
 import sys
@@ -333,3 +334,74 @@ def test_without_scm_version_the_source_build_fails_instead_of_guessing(
     assert failed.code == 2, failed.err
     log = (tmp_path / "out" / "build.log").read_text()
     assert "setuptools-scm was unable to detect version" in log
+
+
+# --- issue 54: the last silent wrong answers ------------------------------------------------
+
+def test_a_removed_distribution_leaves_nothing_importable(built: Built) -> None:
+    """Item 1: the image's recipe-cubin (a package folder with a data folder, as
+    flashinfer-cubin) is gone whole: no empty folder that Python would import as a namespace
+    package (whiteouts of its files alone left ``recipe_cubin/cubins/`` behind)."""
+    from tests.test_step_fidelity import in_image
+
+    view = _view(built.layout)
+    assert view.get(f"{SITE}/recipe_cubin") is None
+    assert list(view.under(f"{SITE}/recipe_cubin")) == []
+    assert view.get(f"{SITE}/recipe_kernels") is not None  # a replaced one keeps its folder
+    ran = in_image(built.layout, "python3", "-c",
+                   "import importlib.util as u; print('spec', u.find_spec('recipe_cubin'))")
+    assert "spec None" in ran.stdout, (ran.stdout, ran.stderr)
+
+
+def test_an_image_that_keeps_the_removed_folders_fails_its_audit(
+        built: Built, tmp_path: Path) -> None:
+    """Item 1, wrong: the removal layer as it was made before (a whiteout of each file, the
+    folders left): the audit names the folder and the part."""
+    from tests.test_audit import rewrite
+
+    layout = _copy_image(built, tmp_path)
+    folder = f"{SITE}/recipe_cubin"
+
+    def files_only(members: list) -> list:  # type: ignore[type-arg]
+        import tarfile
+
+        out = [(m, d) for m, d in members if m.name.lstrip("./") != f"{SITE}/.wh.recipe_cubin"]
+        for rel in ("__init__.py", "cubins/table.txt"):
+            info = tarfile.TarInfo(f"{folder}/{posixpath.dirname(rel)}/.wh."
+                                   f"{posixpath.basename(rel)}".replace("//", "/"))
+            out.append((info, b""))
+        return out
+
+    rewrite(layout, f"{SITE}/.wh.recipe_cubin", files_only)
+    code, report = _audit(built, str(layout))
+    assert code == 1, report
+    ghost = [d for d in report["differences"]
+             if d["check"] == "folder of removed recipe-cubin present"]
+    assert ghost and ghost[0]["part"] == "drop-recipe-cubin", report["differences"]
+    assert ghost[0]["path"] == "/" + folder and "importable" in ghost[0]["image"]
+
+
+@pytest.mark.parametrize(("manifest", "old", "new", "field", "near"), [
+    ("parts/drop-recipe-cubin/1.toml", 'remove = ["recipe-cubin"]',
+     'remove = ["recipe-cubim"]', "remove", "recipe-cubin"),
+    ("parts/recipe-kernels-bump/1.toml", 'overrides = ["recipe-kernels==2.0"]',
+     'overrides = ["recipe-kernelz==2.0"]', "overrides", "recipe-kernels"),
+    ("parts/engine-fix/1.toml", 'requires = ["recipe-engine"]',
+     'requires = ["recipe-engin"]', "requires", "recipe-engine"),
+    (STACK, 'recipe-jit = "local"', 'recipe-jot = "local"', "from_index.recipe-jot",
+     "recipe-jit"),
+])
+def test_a_name_that_is_not_there_is_refused(built: Built, tmp_path: Path, manifest: str,
+                                             old: str, new: str, field: str,
+                                             near: str) -> None:
+    """Item 4: a typo in remove, overrides, requires or from_index is one line naming the
+    file, the field, the name and the closest real one (it used to lock, build and audit
+    with exit 0, the package left as it was)."""
+    repo = _variant(built, tmp_path)
+    path = repo / manifest
+    assert old in path.read_text()
+    path.write_text(path.read_text().replace(old, new))
+    line = _one_line(frank("lock", STACK, cwd=repo))
+    typo = new.split('"')[1].split("==")[0] if field != "from_index.recipe-jot" else "recipe-jot"
+    assert typo in line and f"closest is {near}" in line, line
+    assert manifest in line and field in line, line

@@ -54,6 +54,7 @@ PATCH = ("--- a/recipe_engine/serve.py\n+++ b/recipe_engine/serve.py\n"
          "@@ -1 +1 @@\n-GREETING = 'hello'\n+GREETING = 'patched'\n")
 EXT = "recipe_ext-1.0+cu130-py3-none-any.whl"
 KERNELS_1 = {"__init__.py": "KERNELS = 1\n", "old_only.py": "OLD = 1\n"}
+CUBIN_1 = {"__init__.py": "CUBIN = 1\n", "cubins/table.txt": "sm_120 probe\n"}
 # The engine image's build tools, from PyPI by sha256 (what an official image has: the
 # recipe's source build runs with the image's own setuptools, offline).
 PYPI = "https://files.pythonhosted.org/packages/"
@@ -165,7 +166,9 @@ def _base(top: Path) -> tuple[Path, str]:
     wheels = [
         wheel(made, "recipe-engine", "1.0", {"__init__.py": "", "serve.py": GREETING}),
         wheel(made, "recipe-kernels", "1.0", KERNELS_1),
-        wheel(made, "recipe-cubin", "1.0", {"__init__.py": "CUBIN = 1\n"}),
+        # like flashinfer-cubin: a package folder with a data folder in it (issue 54 item 1:
+        # a remove must take the folders too, or the package still imports)
+        wheel(made, "recipe-cubin", "1.0", CUBIN_1),
         wheel(made, "recipe-common", "1.0", {"__init__.py": "COMMON = 1\n"}),
     ]
     fetcher = Fetcher(store, [])

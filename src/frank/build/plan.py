@@ -40,6 +40,8 @@ LAUNCHER_SOURCE = Path(__file__).parent.parent / "run" / "launch.py"
 SITE_PACKAGES = "/usr/local/lib/python3.11/dist-packages"
 # Bump when the same wheels would be installed into different bytes.
 INSTALL_FORMAT = "frank-install-1"
+# how a layer takes a base distribution out: 2 whites out the folders only it installed into
+WHITEOUT_FORMAT = "frank-whiteouts-2"
 # Closure distributions that change least often come first; a wheel of at least
 # OWN_LAYER_BYTES gets a layer of its own, the small ones of a group share one, so that a
 # vLLM bump that keeps torch reuses nearly every byte (names are canonical, prefix match).
@@ -344,7 +346,8 @@ def _replacing(layer: PlanLayer, base: dict[str, str], lock: Lock) -> PlanLayer:
     return layer.model_copy(update={
         "base_remove": old,
         "key": sha256_json({"own": layer.key, "site": lock.base_python["site"],
-                            "base_remove": old, "inventory": lock.base_python["inventory"]}),
+                            "base_remove": old, "inventory": lock.base_python["inventory"],
+                            **({"whiteouts": WHITEOUT_FORMAT} if old else {})}),
         "why": layer.why + (f"; replaces the engine image's {said}" if old else "")})
 
 
@@ -357,7 +360,7 @@ def _removal_layer(locked: LockedPart, part: Package, lock: Lock) -> PlanLayer |
     if not gone:
         return None
     key = sha256_json({"format": INSTALL_FORMAT, "base_remove": gone,
-                       "inventory": lock.base_python["inventory"]})
+                       "inventory": lock.base_python["inventory"], "whiteouts": WHITEOUT_FORMAT})
     return PlanLayer(index=0, name=f"{locked.kind}:{locked.name}", part=locked.name,
                      kind=locked.kind, key=key, inputs=locked.inputs, files=[], generated=[],
                      pip_install=[], run=[], base_remove=gone, manifest=locked.manifest,
