@@ -415,8 +415,10 @@ def _index_projects(url: str) -> list[str]:
 
     try:
         context = ssl.create_default_context(cafile=ca_bundle() or None)
-        with urllib.request.urlopen(url.rstrip("/") + "/", timeout=10,
-                                    context=context) as reply:
+        from frank.store.fetch import netrc_auth
+
+        request = urllib.request.Request(url.rstrip("/") + "/", headers=netrc_auth(url))
+        with urllib.request.urlopen(request, timeout=10, context=context) as reply:
             page = reply.read(4 << 20).decode("utf-8", "replace")
     except (OSError, ValueError):
         return []
