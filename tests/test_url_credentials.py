@@ -8,7 +8,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import http.server
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 from pydantic import TypeAdapter, ValidationError
 
 from frank.model.pins import GitUrl, IndexUrl, SafeHttpUrl
+from tests.http_helpers import serve_handler
 from tests.spine_helpers import frank
 
 SECRET = "s3cr3tT0ken"
@@ -102,13 +102,8 @@ def guarded() -> Iterator[tuple[str, bytes]]:
         def log_message(self, *a: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/pkg.bin", body
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_handler(Handler) as url:
+        yield f"{url}/pkg.bin", body
 
 
 def test_a_fetch_takes_credentials_from_netrc_and_writes_them_nowhere(
