@@ -135,6 +135,18 @@ def _without_layer(built: Built, tmp_path: Path, holds: Callable[[list[str]], bo
                                              if i != drop], config=config)
 
 
+def _compose_fails(built: Built, tmp_path: Path, manifest: str, old: str, new: str) -> str:
+    """The one line of a compose of a variant whose ``manifest`` has ``old`` made ``new``
+    (it locks, and its build fails)."""
+    repo = _variant(built, tmp_path)
+    path = repo / manifest
+    assert old in path.read_text()
+    path.write_text(path.read_text().replace(old, new))
+    assert frank("lock", STACK, cwd=repo).code == 0
+    return _one_line(frank("compose", STACK, "--builder", "buildah", "--out",
+                           str(tmp_path / "out"), cwd=repo))
+
+
 def _copy_image(built: Built, tmp_path: Path) -> Path:
     layout = tmp_path / "image"
     shutil.copytree(built.layout, layout)
@@ -298,13 +310,9 @@ def test_the_steps_make_output_is_up_to_date_in_the_image(built: Built) -> None:
 
 def test_a_step_that_changes_an_undeclared_path_stops_the_build(built: Built,
                                                                  tmp_path: Path) -> None:
-    repo = _variant(built, tmp_path)
-    manifest = repo / "parts/recipe-jit-make/1.toml"
-    manifest.write_text(manifest.read_text().replace(
-        "make -C /opt/frank/jit", "make -C /opt/frank/jit && touch /usr/include/recipe/x.h"))
-    assert frank("lock", STACK, cwd=repo).code == 0
-    line = _one_line(frank("compose", STACK, "--builder", "buildah", "--out",
-                           str(tmp_path / "out"), cwd=repo))
+    line = _compose_fails(built, tmp_path, "parts/recipe-jit-make/1.toml",
+                          "make -C /opt/frank/jit",
+                          "make -C /opt/frank/jit && touch /usr/include/recipe/x.h")
     assert "step recipe-jit-make changed files outside its outputs" in line
     assert "/usr/include/recipe/x.h (added)" in line
 
@@ -405,3 +413,90 @@ def test_a_name_that_is_not_there_is_refused(built: Built, tmp_path: Path, manif
     typo = new.split('"')[1].split("==")[0] if field != "from_index.recipe-jot" else "recipe-jot"
     assert typo in line and f"closest is {near}" in line, line
     assert manifest in line and field in line, line
+
+
+def test_a_patch_places_every_file_or_the_build_fails_naming_it(built: Built,
+                                                                 tmp_path: Path) -> None:
+    """Item 2: engine-fix's new tools/recipe_probe.py, outside the engine's package, is at
+    its declared destination and held by the audit; without the destination the build
+    fails in one line naming the file (before, it was left out and only logged)."""
+    import hashlib
+
+    placed = _view(built.layout).get("opt/frank/engine-fix/tools/recipe_probe.py")
+    assert placed is not None
+    assert placed.sha256 == hashlib.sha256(built.world.TOOL.encode()).hexdigest()
+    line = _compose_fails(built, tmp_path, "parts/engine-fix/1.toml",
+                          '[destinations]\ntools = "/opt/frank/engine-fix/tools"\n', "")
+    assert "patch:engine-fix" in line and "cannot place" in line, line
+    assert "tools/recipe_probe.py" in line, line
+
+
+def test_diff_counts_what_a_step_removes(built: Built, tmp_path: Path) -> None:
+    """Item 5: recipe-jit-make's removes take the image's recipe-legacy out; frank diff
+    against the same stack without the step says recipe-legacy 1.0 goes (it said nothing,
+    the step's deletion invisible)."""
+    repo = _variant(built, tmp_path)
+    (repo / "stacks/no-step.toml").write_text(
+        'extends = "recipe-local.toml"\nremove = ["recipe-jit-make"]\n')
+    assert frank("lock", "stacks/no-step.toml", cwd=repo).code == 0
+    said = frank("diff", "stacks/no-step.toml", STACK, "--json", cwd=repo)
+    assert said.code == 0, said.err
+    closure = {c["distribution"]: (c["old"], c["new"]) for c in json.loads(said.out)["closure"]}
+    assert closure == {"recipe-legacy": ("1.0", None)}, closure
+
+
+def test_a_step_that_leaves_a_removed_distributions_files_fails_the_audit(
+        built: Built, tmp_path: Path) -> None:
+    """Item 5, wrong: the step's layer without the whiteout of recipe_legacy/ (its
+    dist-info still whited out): the audit names the file left and the step."""
+    from tests.test_audit import rewrite
+
+    layout = _copy_image(built, tmp_path)
+    assert _view(layout).get(f"{SITE}/recipe_legacy/__init__.py") is None
+    rewrite(layout, "opt/frank/jit", lambda ms: [
+        (m, d) for m, d in ms if m.name.lstrip("./") != f"{SITE}/.wh.recipe_legacy"])
+    code, report = _audit(built, str(layout))
+    assert code == 1, report
+    left = [d for d in report["differences"]
+            if d["check"] == "file of removed recipe-legacy present"]
+    assert left and left[0]["part"] == "recipe-jit-make", report["differences"]
+
+
+def test_a_revert_takes_the_index_mapping_it_leaves_behind(built: Built) -> None:
+    """Item 6: reverting recipe-kernels-bump leaves recipe-jit (asked for only by
+    recipe-kernels 2.0) mapped to the index with nothing asking for it; the revert takes the
+    mapping with it (it was refused in one line)."""
+    said = frank("revert", "recipe-kernels-bump", "--stack", STACK, "--dry-run", "--json",
+                 cwd=built.repo)
+    assert said.code == 0, said.err
+    done = json.loads(said.out)
+    assert done["mappings_taken"] == ["recipe-jit"], done
+    closure = {c["distribution"]: (c["old"], c["new"]) for c in done["diff"]["closure"]}
+    assert closure["recipe-jit"] == ("1.0", None)
+    assert closure["recipe-kernels"] == ("2.0", "1.0")
+
+
+def test_a_conflict_with_the_images_version_names_it_and_the_overrides_line(
+        built: Built, tmp_path: Path) -> None:
+    """Item 8: recipe-needy wants recipe-common>=2.0, the image holds 1.0: the one line says
+    the version is the image's and shows the overrides line that would change it (uv's "No
+    solution found" came through alone)."""
+    import hashlib
+    import urllib.request
+
+    repo = _variant(built, tmp_path)
+    url = built.values["INDEX_URL"].removesuffix("/simple") + \
+        "/files/recipe_needy-1.0-py3-none-any.whl"
+    with urllib.request.urlopen(url) as reply:
+        sha = hashlib.sha256(reply.read()).hexdigest()
+    part = (repo / "parts/recipe-ext/1.toml").read_text()
+    (repo / "parts/recipe-needy").mkdir()
+    (repo / "parts/recipe-needy/1.toml").write_text(
+        part.replace('"recipe-ext"', '"recipe-needy"').replace(built.values["EXT_URL"], url)
+        .replace(built.values["EXT_SHA256"], sha))
+    (repo / "stacks/needy.toml").write_text('extends = "recipe-local.toml"\n[from_index]\n'
+                                            'recipe-needy = "local"\n[add]\n'
+                                            'recipe-needy = "1"\n')
+    line = _one_line(frank("lock", "stacks/needy.toml", cwd=repo))
+    assert "recipe-common 1.0 is the base image's version" in line, line
+    assert 'overrides = ["recipe-common>=2.0"]' in line, line

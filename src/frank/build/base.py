@@ -68,7 +68,8 @@ def plan_inventory(base_python: dict[str, str], definition: Path, store: BlobSto
 
 def patch_base_engine(patch_text: str, dist: str, base_python: dict[str, str],
                       definition: Path, store: BlobStore, site_root: Path, *, label: str,
-                      log: Path) -> PatchResult:
+                      log: Path, destinations: dict[str, str] | None = None,
+                      image_root: Path | None = None) -> PatchResult:
     """Apply a Python-only patch to the official engine image's own ``dist`` files, read
     from its layers; the changed files land under ``site_root``."""
     from frank.build.patching import apply_to_files
@@ -89,7 +90,8 @@ def patch_base_engine(patch_text: str, dist: str, base_python: dict[str, str],
         return {p[len(engine.site) + 1:]: data for p, data in got.items()}
 
     return apply_to_files(patch_text, packages, originals, site_root, label=label, log=log,
-                          what=f"the engine image's {dist} {engine.version}")
+                          what=f"the engine image's {dist} {engine.version}",
+                          destinations=destinations, image_root=image_root)
 
 
 def whiteouts(inventory: Inventory, names: list[str], staging: Path) -> list[str]:

@@ -99,6 +99,8 @@ class PatchStep(Strict):
     manifest: str  # the patch part's manifest (errors name it)
     declared_compiled: bool
     base_dist: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    # top-level folder of the diff outside the engine's packages -> image folder
+    destinations: dict[str, str] = Field(default={}, exclude_if=lambda v: not v)
 
 
 class SourceCheckout(Strict):
@@ -380,9 +382,10 @@ def _base_patch_layer(locked: LockedPart, part: Patch, engine: EngineBase,
     dist = str(canonicalize_name(engine.distribution))
     step = PatchStep(part=part.name, source=source, sha256=sha, engine_wheel=None,
                      manifest=locked.manifest, declared_compiled=part.touches_compiled,
-                     base_dist=dist)
+                     base_dist=dist, destinations=part.destinations)
     key = sha256_json({"format": INSTALL_FORMAT, "patch": sha, "base_dist": dist,
-                       "inventory": lock.base_python["inventory"]})
+                       "inventory": lock.base_python["inventory"],
+                       **({"destinations": part.destinations} if part.destinations else {})})
     return PlanLayer(index=0, name=f"patch:{part.name}", part=part.name, kind="patch", key=key,
                      inputs=locked.inputs, files=[], generated=[], pip_install=[], run=[],
                      why=f"Python-only patch applied on the host to the engine image's {dist} "
@@ -396,9 +399,11 @@ def _patch_layer(locked: LockedPart, part: Patch, engine_layer: PlanLayer) -> Pl
     assert part.sha256 is not None or part.file is not None
     sha = part.sha256 or locked.inputs[str(part.file)]
     step = PatchStep(part=part.name, source=source, sha256=sha, engine_wheel=engine_wheel,
-                     manifest=locked.manifest, declared_compiled=part.touches_compiled)
+                     manifest=locked.manifest, declared_compiled=part.touches_compiled,
+                     destinations=part.destinations)
     key = sha256_json({"format": INSTALL_FORMAT, "site": SITE_PACKAGES, "patch": sha,
-                       "engine": engine_wheel.sha256})
+                       "engine": engine_wheel.sha256,
+                       **({"destinations": part.destinations} if part.destinations else {})})
     return PlanLayer(index=0, name=f"patch:{part.name}", part=part.name, kind="patch", key=key,
                      inputs=locked.inputs, files=[], generated=[], pip_install=[], run=[],
                      why=f"Python-only patch applied on the host to {engine_wheel.filename}; "

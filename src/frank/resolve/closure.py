@@ -257,8 +257,9 @@ def _run_uv(cmd: list[str], cwd: str, stack_file: Path, request: ClosureRequest)
         why = next((x for x in lines if "\u00d7" in x or "error" in x.lower()),
                    lines[0] if lines else "uv failed")
         detail = " ".join(x.strip() for x in lines[1:4])
-        raise _not_found(FrankError(f"resolving the Python closure failed: {why.strip()} "
-                                    f"{detail}", file=stack_file), request, stack_file)
+        raise _held_by_image(_not_found(FrankError(
+            f"resolving the Python closure failed: {why.strip()} {detail}", file=stack_file),
+            request, stack_file), " ".join(x.strip() for x in lines), request)
     return proc.stdout
 
 
@@ -401,6 +402,32 @@ def _not_found(exc: FrankError, request: ClosureRequest, stack_file: Path) -> Fr
             return FrankError(f"{dist}, pinned by a part, is not on PyPI: declare the index "
                               "it comes from in [indexes] and map it to it here",
                               file=stack_file, field=f"from_index.{dist}")
+    return exc
+
+
+def _held_by_image(exc: FrankError, said: str, request: ClosureRequest) -> FrankError:
+    """uv's "No solution found" when a version the official image holds (a constraint) is
+    in the way: say that the version is the image's and which ``overrides`` line would
+    change it (issue 54: uv's words came through alone)."""
+    import re
+
+    from packaging.requirements import Requirement
+
+    if "No solution found" not in said:
+        return exc
+    for line in sorted(request.constraints):
+        held = Requirement(line)
+        name, version = held.name, str(held.specifier).removeprefix("==")
+        if not re.search(rf"(?<![\w.-]){re.escape(name)}(?![\w-])", said):
+            continue
+        wants = re.findall(rf"(?<![\w.-]){re.escape(name)}((?:[<>=!~]=?|===)[\w.*+!-]+"
+                           rf"(?:,\s*(?:[<>=!~]=?)[\w.*+!-]+)*)", said)
+        wanted = next((w for w in wants if w.replace(" ", "") != f"=={version}"), None)
+        spec = wanted.replace(" ", "") if wanted else f">{version}"
+        return FrankError(f"{exc.message}; {name} {version} is the base image's version, "
+                          "which the closure keeps unless a part overrides it: a package "
+                          f'part with overrides = ["{name}{spec}"] would change it',
+                          file=exc.file, field=exc.field)
     return exc
 
 
