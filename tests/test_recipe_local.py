@@ -500,3 +500,14 @@ def test_a_conflict_with_the_images_version_names_it_and_the_overrides_line(
     line = _one_line(frank("lock", "stacks/needy.toml", cwd=repo))
     assert "recipe-common 1.0 is the base image's version" in line, line
     assert 'overrides = ["recipe-common>=2.0"]' in line, line
+
+
+def test_the_plan_says_where_commands_could_reach_the_network_unseen(built: Built) -> None:
+    """The source build's stage and the make step need no network (the lock says so), but a
+    setup.py or a Makefile could still try: the plan says, for each, that the network is
+    cut only where this user may, and that then the lock could not see it."""
+    layers = {x["name"]: x for x in _plan(built)["layers"]}
+    for name in ("package:recipe-scm-src", "step:recipe-jit-make"):
+        assert not layers[name]["network"]
+        assert "ways the lock cannot see" in layers[name]["why"], layers[name]["why"]
+    assert "cannot see" not in layers["patch:engine-fix"]["why"]  # built on the host

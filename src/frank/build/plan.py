@@ -353,6 +353,26 @@ def _replacing(layer: PlanLayer, base: dict[str, str], lock: Lock) -> PlanLayer:
         "why": layer.why + (f"; replaces the engine image's {said}" if old else "")})
 
 
+def _unseen_network_said(layers: list[PlanLayer]) -> list[PlanLayer]:
+    """Each layer whose commands run in a container and need no network says that they may
+    reach it all the same, in ways the lock cannot see (a setup.py that downloads a prebuilt
+    wheel): one container build runs with the network on when any of its layers needs it,
+    and with it cut only where this user may make a network namespace (issue 54)."""
+    def runs(layer: PlanLayer) -> bool:
+        return bool(layer.run or layer.pip_install or layer.stage) and not (
+            layer.wheels or layer.patch or layer.build_wheels or layer.kernel
+            or layer.base_remove or layer.fetched)
+
+    online = [x.name for x in layers if runs(x) and x.network]
+    said = (f"; the build runs with the network on (for {', '.join(online)}), so these "
+            "commands could reach it in ways the lock cannot see (a setup.py that downloads)"
+            if online else "; its commands need no network, which is cut where this user may "
+            "make a network namespace; where not, the build log says so and they could reach "
+            "it in ways the lock cannot see (a setup.py that downloads)")
+    return [x.model_copy(update={"why": x.why + said}) if runs(x) and not x.network else x
+            for x in layers]
+
+
 def _removal_layer(locked: LockedPart, part: Package, lock: Lock) -> PlanLayer | None:
     """A package part's ``remove`` on an official engine image: the distributions the image
     holds taken out (whiteouts of every RECORD path and the dist-info)."""
@@ -558,6 +578,7 @@ def build_plan(lock: Lock, root: Path, closure: bytes | None = None) -> BuildPla
             files=[], generated=[], pip_install=[], run=run, why=path.why, impure=True,
             network=True))
     layers = _key_stages_on_below(layers, lock.base_image)
+    layers = _unseen_network_said(layers)
     layers = [x.model_copy(update={"index": i}) for i, x in enumerate(layers, 1)]
     launcher_text = LAUNCHER_SOURCE.read_text(encoding="utf-8")
     launcher_hash = sha256_bytes(launcher_text.encode())
