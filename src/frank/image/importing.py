@@ -78,7 +78,8 @@ def _blob(layout: Path, digest: str, what: str) -> Path:
 def import_pinned(layout: Path, source: Path, digest: str, out_layout: Path) -> str:
     """File the image ``digest`` pins from ``layout`` (unpacked from ``source``) as the
     pulled layout ``out_layout``; returns the platform manifest's digest."""
-    from frank.image.oci import _go_arch, read_layout
+    from frank.image.oci import _go_arch
+    from frank.image.remote import file_pinned
 
     raw = _blob(layout, digest, "the pinned image").read_bytes()
     doc = json.loads(raw)
@@ -108,12 +109,7 @@ def import_pinned(layout: Path, source: Path, digest: str, out_layout: Path) -> 
         (tmp / "layout" / "index.json").write_bytes(canonical_json({
             "schemaVersion": 2, "mediaType": OCI_INDEX,
             "manifests": [{"mediaType": media, "digest": target, "size": len(raw)}]}))
-        read_layout(tmp / "layout")  # every blob hashed once more, as a pull does
-        if out_layout.exists():
-            shutil.rmtree(out_layout)
-        (tmp / "layout").replace(out_layout)
-        record = out_layout.parent / f"{out_layout.name}.pinned"
-        record.write_text(f"{digest} {target}\n")
+        file_pinned(tmp / "layout", out_layout, digest, target)  # as a pull files it
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target

@@ -200,15 +200,21 @@ def pull_pinned(name: str, digest: str, out_layout: Path) -> tuple[Path, str]:
               *_tls_flags(name, ("--src-tls-verify",)),
               f"docker://{name}@{target}", f"dir:{tmp / 'dir'}"], f"pull of {name}@{target}")
         _dir_to_layout(tmp / "dir", tmp / "layout", target)
-        read_layout(tmp / "layout")  # every blob hashed once, on the way in
-        if out_layout.exists():
-            shutil.rmtree(out_layout)
-        (tmp / "layout").replace(out_layout)
-        record = out_layout.parent / f"{out_layout.name}.pinned"
-        record.write_text(f"{digest} {target}\n")
+        file_pinned(tmp / "layout", out_layout, digest, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out_layout, target
+
+
+def file_pinned(layout: Path, out_layout: Path, digest: str, target: str) -> None:
+    """Put a layout made beside ``out_layout`` in its place, every blob hashed on the way
+    in, with the record a later pull (or import) of ``digest`` finds it by."""
+    read_layout(layout)
+    if out_layout.exists():
+        shutil.rmtree(out_layout)
+    layout.replace(out_layout)
+    record = out_layout.parent / f"{out_layout.name}.pinned"
+    record.write_text(f"{digest} {target}\n")
 
 
 def _dir_to_layout(src: Path, dst: Path, digest: str) -> None:
