@@ -387,14 +387,6 @@ def _not_found(exc: FrankError, request: ClosureRequest, stack_file: Path) -> Fr
             return FrankError(f"index {index} ({request.indexes[index]}) has no {dist} "
                               "that fits" + did_you_mean(dist, _index_projects(
                                   request.indexes[index])), file=path, field=where)
-    missing = re.findall(r"Because (\S+) was not found in the package registry", exc.message)
-    for dist in missing:  # a real one left unmapped by a mapping's typo
-        near = closest(dist, [d for d in request.from_index if d not in missing])
-        if near is not None:
-            path, where = request.index_origin[near]
-            return FrankError(f"{near} is mapped but nothing asks for it, and {dist}, which "
-                              f"the closure needs, is not on PyPI: the closest is {dist}",
-                              file=path, field=where)
     for dist in sorted(str(canonicalize_name(d)) for d in request.pinned):
         if dist not in request.from_index and (
                 f"Because {dist} was not found in the package registry" in exc.message
@@ -402,6 +394,18 @@ def _not_found(exc: FrankError, request: ClosureRequest, stack_file: Path) -> Fr
             return FrankError(f"{dist}, pinned by a part, is not on PyPI: declare the index "
                               "it comes from in [indexes] and map it to it here",
                               file=stack_file, field=f"from_index.{dist}")
+    missing = re.findall(r"Because (\S+) was not found in the package registry", exc.message)
+    for dist in missing:  # a real one left unmapped by a mapping's typo
+        near = closest(dist, [d for d in request.from_index if d not in missing])
+        if near is None:
+            continue
+        listed = _index_projects(request.indexes[request.from_index[near]])
+        if listed and str(canonicalize_name(near)) not in {
+                str(canonicalize_name(n)) for n in listed} and dist in listed:
+            path, where = request.index_origin[near]
+            return FrankError(f"{near} is mapped but its index has no such project, and "
+                              f"{dist}, which the closure needs, is not on PyPI: the closest "
+                              f"is {dist}", file=path, field=where)
     return exc
 
 
