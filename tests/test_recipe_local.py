@@ -511,3 +511,31 @@ def test_the_plan_says_where_commands_could_reach_the_network_unseen(built: Buil
         assert not layers[name]["network"]
         assert "ways the lock cannot see" in layers[name]["why"], layers[name]["why"]
     assert "cannot see" not in layers["patch:engine-fix"]["why"]  # built on the host
+
+
+def test_a_base_brought_on_a_file_is_used_with_no_registry(built: Built, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """Item 7 on the example: the engine image pinned under a registry that cannot be
+    reached. Reading it is one line naming the host and `frank image import`; the saved
+    layout imported, `frank lock` runs; then with nothing of the base in the cache at all,
+    `frank check` and `frank lock --check` still pass (the lock's record of the same pin)."""
+    from tests.image.image_helpers import free_port
+
+    repo = _variant(built, tmp_path)
+    digest = built.values["BASE_REF"].rsplit("@", 1)[1]
+    ref = f"127.0.0.1:{free_port()}/vendor/recipe-engine@{digest}"
+    for name in ("images/recipe-engine-image.toml", "parts/recipe-engine/1.toml"):
+        path = repo / name
+        path.write_text(path.read_text().replace(built.values["BASE_REF"], ref))
+    monkeypatch.setenv("FRANK_CACHE", str(tmp_path / "cache"))
+    line = _one_line(frank("lock", STACK, cwd=repo))
+    assert f"the registry {ref.split('/')[0]} cannot be reached" in line, line
+    assert "frank image import FILE" in line
+    imported = frank("image", "import", str(built.repo / "bases/recipe-engine-image"), cwd=repo)
+    assert imported.code == 0, imported.err
+    assert frank("lock", STACK, cwd=repo).code == 0
+    monkeypatch.setenv("FRANK_CACHE", str(tmp_path / "empty"))
+    checked = frank("check", cwd=repo)
+    assert checked.code == 0, checked.err
+    assert frank("lock", "--check", STACK, cwd=repo).code == 0

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from frank.errors import FrankError
-from frank.image.inventory import inventory_for, pulled_layout
+from frank.image.inventory import inventory_for
 from frank.image.remote import pull_pinned, push_layout
 from frank.store.blobs import BlobStore
 from tests.image.image_helpers import free_port
@@ -76,6 +76,8 @@ def test_an_unreachable_registry_is_one_line_naming_the_host_and_the_way_out(
 
 def test_an_imported_image_is_used_as_if_pulled_and_never_asks_the_registry(
         saved: tuple[Path, str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from frank.image.inventory import pulled_layout
+
     archive, digest, repo = saved
     host = f"127.0.0.1:{free_port()}"
     root = _repo(tmp_path, f"{host}/vendor/engine@{digest}")
@@ -100,6 +102,8 @@ def test_an_imported_image_is_used_as_if_pulled_and_never_asks_the_registry(
 
 def test_a_file_without_the_pinned_image_or_with_a_changed_blob_is_refused(
         saved: tuple[Path, str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from frank.image.inventory import pulled_layout
+
     archive, digest, _ = saved
     monkeypatch.setenv("FRANK_CACHE", str(tmp_path / "cache"))
     root = _repo(tmp_path, f"127.0.0.1:{free_port()}/vendor/engine@{digest}")
