@@ -22,7 +22,14 @@ def serve_folder(folder: Path, asked: list[str] | None = None) -> Iterator[str]:
             if asked is not None:
                 asked.append(self.path)
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    with serve_handler(Handler) as url:
+        yield url
+
+
+@contextmanager
+def serve_handler(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+    """A server of ``handler`` on a free port of 127.0.0.1 for the block: yields its URL."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"

@@ -134,14 +134,16 @@ def test_patch_applies_to_the_wheels_files_only(tmp_path: Path) -> None:
     wheel = make_wheel(tmp_path / "pkg-1-py3-none-any.whl",
                        {"pkg/a.py": "X = 1\n", "pkg/old.py": "OLD = True\n",
                         "pkg-1.dist-info/METADATA": "Name: pkg\n"})
-    site = tmp_path / "site"
-    result = apply_to_wheel(PATCH, wheel, site, label="patch:t", log=tmp_path / "build.log")
+    site = tmp_path / "image/site"
+    result = apply_to_wheel(PATCH, wheel, site, label="patch:t", log=tmp_path / "build.log",
+                            destinations={"csrc": "/opt/t/csrc"}, image_root=tmp_path / "image")
     assert result.changed == ["pkg/a.py", "pkg/new.py"]
     assert result.deleted == ["pkg/old.py"]
-    assert result.skipped == ["csrc/extra.cu"]
+    assert result.placed == ["/opt/t/csrc/extra.cu"]  # outside the wheel: where declared
     assert (site / "pkg/a.py").read_text() == "X = 2\n"
     assert (site / "pkg/.wh.old.py").read_bytes() == b""  # OCI whiteout
     assert not (site / "csrc").exists()
+    assert (tmp_path / "image/opt/t/csrc/extra.cu").read_text().startswith("// never")
 
 
 def test_patch_that_does_not_apply_names_the_log(tmp_path: Path) -> None:
@@ -149,7 +151,8 @@ def test_patch_that_does_not_apply_names_the_log(tmp_path: Path) -> None:
                                                              "pkg/old.py": "OLD = True\n"})
     with pytest.raises(FrankError) as err:
         apply_to_wheel(PATCH, wheel, tmp_path / "site", label="patch:t",
-                       log=tmp_path / "build.log")
+                       log=tmp_path / "build.log", destinations={"csrc": "/opt/t/csrc"},
+                       image_root=tmp_path)
     assert "does not apply" in err.value.one_line()
     assert str(tmp_path / "build.log") in err.value.one_line()
     assert "FAILED" in (tmp_path / "build.log").read_text()

@@ -270,3 +270,26 @@ def test_an_override_of_a_mapped_distribution_comes_from_its_index(
     assert six["version"] == "99.0"
     assert str(six["wheels"][0]["url"]).startswith(  # type: ignore[index]
         index.url.removesuffix("/simple"))
+
+
+@pytest.mark.parametrize(("field", "given", "near"), [
+    ("remove", 'remove = ["sixx"]', "six"),
+    ("overrides", 'overrides = ["sixx==1.16.0"]', "six"),
+])
+def test_a_removal_or_override_of_a_name_not_in_the_closure_is_refused(
+        repo: Path, index: Index, field: str, given: str, near: str) -> None:
+    """Issue 54 item 4 on the built-engine path: a name in remove or overrides that the
+    closure does not hold (uv ignores both) is one line naming it and the closest real
+    name; the right name locks."""
+    stack = _stack(repo, index, _mapped(index, NAME))
+    part = repo / "parts" / "six-change" / "1.toml"
+    part.parent.mkdir()
+    body = ('kind = "package"\nname = "six-change"\nversion = "1"\nsummary = "six"\n'
+            'status = "candidate"\ndistribution = "six"\n{}\n' + PART[PART.index("[provenance]"):])
+    part.write_text(body.format(given))
+    stack.write_text(stack.read_text() + 'six-change = "1"\n')
+    line = _one_line(frank("lock", "indexed", cwd=repo))
+    assert "parts/six-change/1.toml" in line and f"{field}:" in line, line
+    assert "sixx is not in the stack's Python closure" in line and f"closest is {near}" in line
+    part.write_text(body.format(given.replace("sixx", "six")))
+    assert frank("lock", "indexed", cwd=repo).code == 0

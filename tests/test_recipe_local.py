@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import posixpath
 import shutil
 import subprocess
 import sys
@@ -132,6 +133,18 @@ def _without_layer(built: Built, tmp_path: Path, holds: Callable[[list[str]], bo
     del config["history"]  # one entry per layer: the one taken out has no match
     return write_layout(tmp_path / "wrong", [b.read_bytes() for i, b in enumerate(blobs)
                                              if i != drop], config=config)
+
+
+def _compose_fails(built: Built, tmp_path: Path, manifest: str, old: str, new: str) -> str:
+    """The one line of a compose of a variant whose ``manifest`` has ``old`` made ``new``
+    (it locks, and its build fails)."""
+    repo = _variant(built, tmp_path)
+    path = repo / manifest
+    assert old in path.read_text()
+    path.write_text(path.read_text().replace(old, new))
+    assert frank("lock", STACK, cwd=repo).code == 0
+    return _one_line(frank("compose", STACK, "--builder", "buildah", "--out",
+                           str(tmp_path / "out"), cwd=repo))
 
 
 def _copy_image(built: Built, tmp_path: Path) -> Path:
@@ -297,13 +310,9 @@ def test_the_steps_make_output_is_up_to_date_in_the_image(built: Built) -> None:
 
 def test_a_step_that_changes_an_undeclared_path_stops_the_build(built: Built,
                                                                  tmp_path: Path) -> None:
-    repo = _variant(built, tmp_path)
-    manifest = repo / "parts/recipe-jit-make/1.toml"
-    manifest.write_text(manifest.read_text().replace(
-        "make -C /opt/frank/jit", "make -C /opt/frank/jit && touch /usr/include/recipe/x.h"))
-    assert frank("lock", STACK, cwd=repo).code == 0
-    line = _one_line(frank("compose", STACK, "--builder", "buildah", "--out",
-                           str(tmp_path / "out"), cwd=repo))
+    line = _compose_fails(built, tmp_path, "parts/recipe-jit-make/1.toml",
+                          "make -C /opt/frank/jit",
+                          "make -C /opt/frank/jit && touch /usr/include/recipe/x.h")
     assert "step recipe-jit-make changed files outside its outputs" in line
     assert "/usr/include/recipe/x.h (added)" in line
 
@@ -333,3 +342,200 @@ def test_without_scm_version_the_source_build_fails_instead_of_guessing(
     assert failed.code == 2, failed.err
     log = (tmp_path / "out" / "build.log").read_text()
     assert "setuptools-scm was unable to detect version" in log
+
+
+# --- issue 54: the last silent wrong answers ------------------------------------------------
+
+def test_a_removed_distribution_leaves_nothing_importable(built: Built) -> None:
+    """Item 1: the image's recipe-cubin (a package folder with a data folder, as
+    flashinfer-cubin) is gone whole: no empty folder that Python would import as a namespace
+    package (whiteouts of its files alone left ``recipe_cubin/cubins/`` behind)."""
+    from tests.test_step_fidelity import in_image
+
+    view = _view(built.layout)
+    assert view.get(f"{SITE}/recipe_cubin") is None
+    assert list(view.under(f"{SITE}/recipe_cubin")) == []
+    assert view.get(f"{SITE}/recipe_kernels") is not None  # a replaced one keeps its folder
+    ran = in_image(built.layout, "python3", "-c",
+                   "import importlib.util as u; print('spec', u.find_spec('recipe_cubin'))")
+    assert "spec None" in ran.stdout, (ran.stdout, ran.stderr)
+
+
+def test_an_image_that_keeps_the_removed_folders_fails_its_audit(
+        built: Built, tmp_path: Path) -> None:
+    """Item 1, wrong: the removal layer as it was made before (a whiteout of each file, the
+    folders left): the audit names the folder and the part."""
+    from tests.test_audit import rewrite
+
+    layout = _copy_image(built, tmp_path)
+    folder = f"{SITE}/recipe_cubin"
+
+    def files_only(members: list) -> list:  # type: ignore[type-arg]
+        import tarfile
+
+        out = [(m, d) for m, d in members if m.name.lstrip("./") != f"{SITE}/.wh.recipe_cubin"]
+        for rel in ("__init__.py", "cubins/table.txt"):
+            info = tarfile.TarInfo(f"{folder}/{posixpath.dirname(rel)}/.wh."
+                                   f"{posixpath.basename(rel)}".replace("//", "/"))
+            out.append((info, b""))
+        return out
+
+    rewrite(layout, f"{SITE}/.wh.recipe_cubin", files_only)
+    code, report = _audit(built, str(layout))
+    assert code == 1, report
+    ghost = [d for d in report["differences"]
+             if d["check"] == "folder of removed recipe-cubin present"]
+    assert ghost and ghost[0]["part"] == "drop-recipe-cubin", report["differences"]
+    assert ghost[0]["path"] == "/" + folder and "importable" in ghost[0]["image"]
+
+
+@pytest.mark.parametrize(("manifest", "old", "new", "field", "near"), [
+    ("parts/drop-recipe-cubin/1.toml", 'remove = ["recipe-cubin"]',
+     'remove = ["recipe-cubim"]', "remove", "recipe-cubin"),
+    ("parts/recipe-kernels-bump/1.toml", 'overrides = ["recipe-kernels==2.0"]',
+     'overrides = ["recipe-kernelz==2.0"]', "overrides", "recipe-kernels"),
+    ("parts/engine-fix/1.toml", 'requires = ["recipe-engine"]',
+     'requires = ["recipe-engin"]', "requires", "recipe-engine"),
+    (STACK, 'recipe-jit = "local"', 'recipe-jot = "local"', "from_index.recipe-jot",
+     "recipe-jit"),
+])
+def test_a_name_that_is_not_there_is_refused(built: Built, tmp_path: Path, manifest: str,
+                                             old: str, new: str, field: str,
+                                             near: str) -> None:
+    """Item 4: a typo in remove, overrides, requires or from_index is one line naming the
+    file, the field, the name and the closest real one (it used to lock, build and audit
+    with exit 0, the package left as it was)."""
+    repo = _variant(built, tmp_path)
+    path = repo / manifest
+    assert old in path.read_text()
+    path.write_text(path.read_text().replace(old, new))
+    line = _one_line(frank("lock", STACK, cwd=repo))
+    typo = new.split('"')[1].split("==")[0] if field != "from_index.recipe-jot" else "recipe-jot"
+    assert typo in line and f"closest is {near}" in line, line
+    assert manifest in line and field in line, line
+
+
+def test_a_patch_places_every_file_or_the_build_fails_naming_it(built: Built,
+                                                                 tmp_path: Path) -> None:
+    """Item 2: engine-fix's new tools/recipe_probe.py, outside the engine's package, is at
+    its declared destination and held by the audit; without the destination the build
+    fails in one line naming the file (before, it was left out and only logged)."""
+    import hashlib
+
+    placed = _view(built.layout).get("opt/frank/engine-fix/tools/recipe_probe.py")
+    assert placed is not None
+    assert placed.sha256 == hashlib.sha256(built.world.TOOL.encode()).hexdigest()
+    line = _compose_fails(built, tmp_path, "parts/engine-fix/1.toml",
+                          '[destinations]\ntools = "/opt/frank/engine-fix/tools"\n', "")
+    assert "patch:engine-fix" in line and "cannot place" in line, line
+    assert "tools/recipe_probe.py" in line, line
+
+
+def test_diff_counts_what_a_step_removes(built: Built, tmp_path: Path) -> None:
+    """Item 5: recipe-jit-make's removes take the image's recipe-legacy out; frank diff
+    against the same stack without the step says recipe-legacy 1.0 goes (it said nothing,
+    the step's deletion invisible)."""
+    repo = _variant(built, tmp_path)
+    (repo / "stacks/no-step.toml").write_text(
+        'extends = "recipe-local.toml"\nremove = ["recipe-jit-make"]\n')
+    assert frank("lock", "stacks/no-step.toml", cwd=repo).code == 0
+    said = frank("diff", "stacks/no-step.toml", STACK, "--json", cwd=repo)
+    assert said.code == 0, said.err
+    closure = {c["distribution"]: (c["old"], c["new"]) for c in json.loads(said.out)["closure"]}
+    assert closure == {"recipe-legacy": ("1.0", None)}, closure
+
+
+def test_a_step_that_leaves_a_removed_distributions_files_fails_the_audit(
+        built: Built, tmp_path: Path) -> None:
+    """Item 5, wrong: the step's layer without the whiteout of recipe_legacy/ (its
+    dist-info still whited out): the audit names the file left and the step."""
+    from tests.test_audit import rewrite
+
+    layout = _copy_image(built, tmp_path)
+    assert _view(layout).get(f"{SITE}/recipe_legacy/__init__.py") is None
+    rewrite(layout, "opt/frank/jit", lambda ms: [
+        (m, d) for m, d in ms if m.name.lstrip("./") != f"{SITE}/.wh.recipe_legacy"])
+    code, report = _audit(built, str(layout))
+    assert code == 1, report
+    left = [d for d in report["differences"]
+            if d["check"] == "file of removed recipe-legacy present"]
+    assert left and left[0]["part"] == "recipe-jit-make", report["differences"]
+
+
+def test_a_revert_takes_the_index_mapping_it_leaves_behind(built: Built) -> None:
+    """Item 6: reverting recipe-kernels-bump leaves recipe-jit (asked for only by
+    recipe-kernels 2.0) mapped to the index with nothing asking for it; the revert takes the
+    mapping with it (it was refused in one line)."""
+    said = frank("revert", "recipe-kernels-bump", "--stack", STACK, "--dry-run", "--json",
+                 cwd=built.repo)
+    assert said.code == 0, said.err
+    done = json.loads(said.out)
+    assert done["mappings_taken"] == ["recipe-jit"], done
+    closure = {c["distribution"]: (c["old"], c["new"]) for c in done["diff"]["closure"]}
+    assert closure["recipe-jit"] == ("1.0", None)
+    assert closure["recipe-kernels"] == ("2.0", "1.0")
+
+
+def test_a_conflict_with_the_images_version_names_it_and_the_overrides_line(
+        built: Built, tmp_path: Path) -> None:
+    """Item 8: recipe-needy wants recipe-common>=2.0, the image holds 1.0: the one line says
+    the version is the image's and shows the overrides line that would change it (uv's "No
+    solution found" came through alone)."""
+    import hashlib
+    import urllib.request
+
+    repo = _variant(built, tmp_path)
+    url = built.values["INDEX_URL"].removesuffix("/simple") + \
+        "/files/recipe_needy-1.0-py3-none-any.whl"
+    with urllib.request.urlopen(url) as reply:
+        sha = hashlib.sha256(reply.read()).hexdigest()
+    part = (repo / "parts/recipe-ext/1.toml").read_text()
+    (repo / "parts/recipe-needy").mkdir()
+    (repo / "parts/recipe-needy/1.toml").write_text(
+        part.replace('"recipe-ext"', '"recipe-needy"').replace(built.values["EXT_URL"], url)
+        .replace(built.values["EXT_SHA256"], sha))
+    (repo / "stacks/needy.toml").write_text('extends = "recipe-local.toml"\n[from_index]\n'
+                                            'recipe-needy = "local"\n[add]\n'
+                                            'recipe-needy = "1"\n')
+    line = _one_line(frank("lock", "stacks/needy.toml", cwd=repo))
+    assert "recipe-common 1.0 is the base image's version" in line, line
+    assert 'overrides = ["recipe-common>=2.0"]' in line, line
+
+
+def test_the_plan_says_where_commands_could_reach_the_network_unseen(built: Built) -> None:
+    """The source build's stage and the make step need no network (the lock says so), but a
+    setup.py or a Makefile could still try: the plan says, for each, that the network is
+    cut only where this user may, and that then the lock could not see it."""
+    layers = {x["name"]: x for x in _plan(built)["layers"]}
+    for name in ("package:recipe-scm-src", "step:recipe-jit-make"):
+        assert not layers[name]["network"]
+        assert "ways the lock cannot see" in layers[name]["why"], layers[name]["why"]
+    assert "cannot see" not in layers["patch:engine-fix"]["why"]  # built on the host
+
+
+def test_a_base_brought_on_a_file_is_used_with_no_registry(built: Built, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """Item 7 on the example: the engine image pinned under a registry that cannot be
+    reached. Reading it is one line naming the host and `frank image import`; the saved
+    layout imported, `frank lock` runs; then with nothing of the base in the cache at all,
+    `frank check` and `frank lock --check` still pass (the lock's record of the same pin)."""
+    from tests.image.image_helpers import free_port
+
+    repo = _variant(built, tmp_path)
+    digest = built.values["BASE_REF"].rsplit("@", 1)[1]
+    ref = f"127.0.0.1:{free_port()}/vendor/recipe-engine@{digest}"
+    for name in ("images/recipe-engine-image.toml", "parts/recipe-engine/1.toml"):
+        path = repo / name
+        path.write_text(path.read_text().replace(built.values["BASE_REF"], ref))
+    monkeypatch.setenv("FRANK_CACHE", str(tmp_path / "cache"))
+    line = _one_line(frank("lock", STACK, cwd=repo))
+    assert f"the registry {ref.split('/')[0]} cannot be reached" in line, line
+    assert "frank image import FILE" in line
+    imported = frank("image", "import", str(built.repo / "bases/recipe-engine-image"), cwd=repo)
+    assert imported.code == 0, imported.err
+    assert frank("lock", STACK, cwd=repo).code == 0
+    monkeypatch.setenv("FRANK_CACHE", str(tmp_path / "empty"))
+    checked = frank("check", cwd=repo)
+    assert checked.code == 0, checked.err
+    assert frank("lock", "--check", STACK, cwd=repo).code == 0

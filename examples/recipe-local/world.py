@@ -7,11 +7,12 @@ base's pinned .debs). ``make_world`` makes:
 
 - an **official engine image** of our own: images/test-base's layers plus one layer of
   distributions installed from real wheels (the engine, recipe-kernels 1.0, recipe-cubin 1.0,
-  recipe-common 1.0, and the PyPI build tools), the host's ``make`` and a header whose time
+  recipe-common 1.0, recipe-legacy 1.0, and the PyPI build tools), the host's ``make`` and a header whose time
   is a real one (an official image's files carry theirs), an OCI layout pinned by digest;
 - a **PEP 503 index** (recipe-ext 1.0+cu130, with a local version label; recipe-kernels 1.0
   and 2.0;
-  recipe-jit 1.0; recipe-common 1.0 and 2.0) and the engine patch, served on 127.0.0.1;
+  recipe-jit 1.0; recipe-common 1.0 and 2.0; recipe-needy 1.0, which wants recipe-common>=2.0)
+  and the engine patch, served on 127.0.0.1;
 - and ``render`` writes the example's parts, stack and image file into a repo folder with
   those URLs and digests, and makes its git source (``sources/recipe-scm``: tagged v0.1.0,
   then one commit) there: a local git source must be inside the repo.
@@ -50,10 +51,15 @@ SITE = "usr/local/lib/python3.11/dist-packages"
 ENGINE_COMMIT = "e" * 40  # the engine image's source commit (a name: nothing fetches it)
 FRESH = 1750000000  # the image's file times: 2025-06-15, far past SOURCE_DATE_EPOCH
 GREETING = "GREETING = 'hello'\n"
+# the engine's file, and a new tool outside its package (issue 54 item 2: placed where the
+# part's [destinations] says, or the build fails naming it)
+TOOL = "print('recipe probe')\n"
 PATCH = ("--- a/recipe_engine/serve.py\n+++ b/recipe_engine/serve.py\n"
-         "@@ -1 +1 @@\n-GREETING = 'hello'\n+GREETING = 'patched'\n")
+         "@@ -1 +1 @@\n-GREETING = 'hello'\n+GREETING = 'patched'\n"
+         "--- /dev/null\n+++ b/tools/recipe_probe.py\n@@ -0,0 +1 @@\n+" + TOOL)
 EXT = "recipe_ext-1.0+cu130-py3-none-any.whl"
 KERNELS_1 = {"__init__.py": "KERNELS = 1\n", "old_only.py": "OLD = 1\n"}
+CUBIN_1 = {"__init__.py": "CUBIN = 1\n", "cubins/table.txt": "sm_120 probe\n"}
 # The engine image's build tools, from PyPI by sha256 (what an official image has: the
 # recipe's source build runs with the image's own setuptools, offline).
 PYPI = "https://files.pythonhosted.org/packages/"
@@ -120,7 +126,11 @@ def _index(served: Path) -> None:
                   ("recipe-jit==1.0",)),
             wheel(files, "recipe-jit", "1.0", {"__init__.py": "JIT = 1\n"}),
             wheel(files, "recipe-common", "1.0", {"__init__.py": "COMMON = 1\n"}),
-            wheel(files, "recipe-common", "2.0", {"__init__.py": "COMMON = 2\n"})]
+            wheel(files, "recipe-common", "2.0", {"__init__.py": "COMMON = 2\n"}),
+            # wants a newer recipe-common than the image's (issue 54 item 8: the conflict
+            # names the image's version and the overrides line that changes it)
+            wheel(files, "recipe-needy", "1.0", {"__init__.py": "NEEDY = 1\n"},
+                  ("recipe-common>=2.0",))]
     for path in made:
         project = path.name.split("-")[0].replace("_", "-")
         page = served / "simple" / project / "index.html"
@@ -165,8 +175,12 @@ def _base(top: Path) -> tuple[Path, str]:
     wheels = [
         wheel(made, "recipe-engine", "1.0", {"__init__.py": "", "serve.py": GREETING}),
         wheel(made, "recipe-kernels", "1.0", KERNELS_1),
-        wheel(made, "recipe-cubin", "1.0", {"__init__.py": "CUBIN = 1\n"}),
+        # like flashinfer-cubin: a package folder with a data folder in it (issue 54 item 1:
+        # a remove must take the folders too, or the package still imports)
+        wheel(made, "recipe-cubin", "1.0", CUBIN_1),
         wheel(made, "recipe-common", "1.0", {"__init__.py": "COMMON = 1\n"}),
+        # taken out by a step's removes (issue 54 item 5: diff and the audit count it)
+        wheel(made, "recipe-legacy", "1.0", {"__init__.py": "LEGACY = 1\n"}),
     ]
     fetcher = Fetcher(store, [])
     tools = [(url.rsplit("/", 1)[1], fetcher.fetch(Pinned(url, sha))) for url, sha in TOOLS]

@@ -189,6 +189,30 @@ class Checker:
                         if self.view.get(path) is not None and path not in self.owned:
                             self.add(part, path, f"file of removed {name} present", "absent",
                                      "present")
+                    self._removed_folders(name, part, site, list(parse_record(text)))
+
+    def _removed_folders(self, name: str, part: str, site: str, record: list[str]) -> None:
+        """A removed distribution leaves no folder of its own: an empty package folder still
+        imports (as a namespace package). A folder in which a distribution that stays has a
+        file is not its own."""
+        folders = {posixpath.dirname(_image_path(site, rel)) for rel in record}
+        seen: set[str] = set()
+        for folder in sorted(f for f in folders
+                             if f.startswith(site + "/") and ".dist-info" not in f):
+            parts = folder[len(site) + 1:].split("/")
+            for depth in range(1, len(parts) + 1):  # its topmost folder that stayed
+                here = "/".join([site, *parts[:depth]])
+                entry = self.view.get(here)
+                inside = [p for p, _ in self.view.under(here)]
+                if here in seen or (entry is None and not inside) or (
+                        entry is not None and entry.kind != "dir"):
+                    break
+                if any(p in self.owned for p in inside):
+                    continue
+                seen.add(here)
+                self.add(part, here, f"folder of removed {name} present", "absent",
+                         f"a folder of {len(inside)} entries: importable")
+                break
 
     # -- files --------------------------------------------------------------------------
     def files(self) -> None:

@@ -25,7 +25,7 @@ from packaging.utils import canonicalize_name
 from frank.build.plan import BuildPlan, PlanLayer
 from frank.errors import FrankError
 from frank.hashing import sha256_bytes, sha256_file
-from frank.resolve.lock import Lock
+from frank.resolve.lock import Lock, LockedPart
 from frank.store.blobs import BlobStore
 
 
@@ -194,6 +194,7 @@ def expected(plan: BuildPlan, lock: Lock, root: Path, store: BlobStore) -> Expec
         spec = locked.spec
         for dist in spec.get("remove") or []:
             want.removed[canonicalize_name(dist)] = locked.name
+        _step_removals(want, locked)
         if locked.kind == "package" and spec.get("distribution") and (
                 spec.get("git") or spec.get("wheel")):
             name = canonicalize_name(spec["distribution"])
@@ -293,12 +294,34 @@ def _patched(want: Expected, layer: PlanLayer, plan: BuildPlan, root: Path,
             result = patch_base_engine(
                 text, step.base_dist, plan.base_python,
                 root / "images" / f"{plan.base_image['name']}.toml", store, site,
-                label=layer.name, log=Path(tmp) / "log")
+                label=layer.name, log=Path(tmp) / "log", destinations=step.destinations,
+                image_root=Path(tmp) / "image")
         else:
             wheel = fetcher.fetch(Pinned(step.engine_wheel.url, step.engine_wheel.sha256))
             result = apply_to_wheel(text, wheel, site, label=layer.name,
-                                    log=Path(tmp) / "log")
+                                    log=Path(tmp) / "log", destinations=step.destinations,
+                                    image_root=Path(tmp) / "image")
         for rel in result.changed:
             want.files.append(WantFile(f"{want.site}/{rel}", sha256_file(site / rel),
                                        step.part, f"patched by {step.part}"))
+        _placed_files(want, result.placed, Path(tmp) / "image", step.part)
     want.deleted += [(f"{want.site}/{rel}", step.part) for rel in result.deleted]
+
+
+def _placed_files(want: Expected, placed: list[str], image_root: Path, part: str) -> None:
+    """A patch's new files outside the engine's packages, at their declared destinations."""
+    for path in placed:
+        want.files.append(WantFile(path.lstrip("/"), sha256_file(image_root / path.lstrip("/")),
+                                   part, f"placed by {part}"))
+
+
+def _step_removals(want: Expected, locked: LockedPart) -> None:
+    """A step that removes a distribution's dist-info takes the distribution out: held to
+    be absent, files and folders included, like a package part's ``remove``."""
+    from frank.model.kinds.step import removed_distributions
+
+    if locked.kind != "step":
+        return
+    for name in removed_distributions(locked.spec.get("removes") or []):
+        want.removed[canonicalize_name(name)] = locked.name
+        want.dists.pop(canonicalize_name(name), None)

@@ -28,7 +28,7 @@ from frank.store.blobs import BlobStore
 
 if TYPE_CHECKING:
     from frank.build.patching import PatchResult
-    from frank.image.inventory import Inventory
+    from frank.image.inventory import BaseDist, Inventory
 
 BASE_FORMAT = "frank-base-1"
 
@@ -68,7 +68,8 @@ def plan_inventory(base_python: dict[str, str], definition: Path, store: BlobSto
 
 def patch_base_engine(patch_text: str, dist: str, base_python: dict[str, str],
                       definition: Path, store: BlobStore, site_root: Path, *, label: str,
-                      log: Path) -> PatchResult:
+                      log: Path, destinations: dict[str, str] | None = None,
+                      image_root: Path | None = None) -> PatchResult:
     """Apply a Python-only patch to the official engine image's own ``dist`` files, read
     from its layers; the changed files land under ``site_root``."""
     from frank.build.patching import apply_to_files
@@ -89,13 +90,15 @@ def patch_base_engine(patch_text: str, dist: str, base_python: dict[str, str],
         return {p[len(engine.site) + 1:]: data for p, data in got.items()}
 
     return apply_to_files(patch_text, packages, originals, site_root, label=label, log=log,
-                          what=f"the engine image's {dist} {engine.version}")
+                          what=f"the engine image's {dist} {engine.version}",
+                          destinations=destinations, image_root=image_root)
 
 
 def whiteouts(inventory: Inventory, names: list[str], staging: Path) -> list[str]:
     """OCI whiteouts in ``staging`` (a layer's tree) of every path the base's distributions
     ``names`` installed and of their dist-info folders, except a path the layer itself
-    writes (a newer version of the same file); returns the image paths whited out."""
+    writes (a newer version of the same file); a folder only they installed into goes whole
+    (``_own_folders``); returns the image paths whited out."""
     from frank.errors import FrankError
 
     out = []
@@ -103,19 +106,43 @@ def whiteouts(inventory: Inventory, names: list[str], staging: Path) -> list[str
         dist = inventory.get(name)
         if dist is None:
             raise FrankError(f"the base image holds no {name} to take out")
-        gone = {dist.info}  # its dist-info goes whole: nothing under it is named again
-        for path in [dist.info, *(p for p in dist.image_paths() if p != dist.info)]:
+        gone = {dist.info, *_own_folders(inventory, dist, set(names), staging)}
+        for path in [*sorted(gone), *(p for p in dist.image_paths() if p not in gone)]:
             here = staging / path
             if here.exists() or here.is_symlink():
                 continue
-            if path != dist.info and any(parent in gone or (staging / parent).is_file()
-                                         for parent in _parents(path)):
+            if path not in gone and any(parent in gone or (staging / parent).is_file()
+                                        for parent in _parents(path)):
                 continue
             marker = here.parent / f".wh.{here.name}"
             marker.parent.mkdir(parents=True, exist_ok=True)
             marker.write_bytes(b"")
             out.append(path)
     return out
+
+
+def _own_folders(inventory: Inventory, dist: BaseDist, removed: set[str],
+                 staging: Path) -> set[str]:
+    """The topmost folders below ``dist``'s site folder that hold its files and nothing of
+    a distribution that stays, and that the layer writes nothing into: whited out whole, as
+    pip uninstall removes them. Whiting out only the files left them behind empty, and an
+    empty package folder still imports (a namespace package: issue 54)."""
+    from packaging.utils import canonicalize_name
+
+    keep: set[str] = set()  # every path, and folder holding one, of a distribution that stays
+    drop = {str(canonicalize_name(n)) for n in removed}
+    for other in inventory.dists:
+        if other.name not in drop:
+            for path in other.image_paths():
+                keep.add(path)
+                keep.update(_parents(path))
+    prefix = dist.site + "/"
+    folders = {parent for path in dist.image_paths() if path != dist.info
+               for parent in _parents(path)
+               if parent.startswith(prefix) and not parent.startswith(dist.info + "/")
+               and parent != dist.info and parent not in keep
+               and not (staging / parent).exists()}
+    return {f for f in folders if not any(p in folders for p in _parents(f))}
 
 
 def _parents(path: str) -> list[str]:

@@ -311,14 +311,15 @@ def _apply_patch(layer: PlanLayer, plan: BuildPlan, root: Path, staging: Path,
         result = patch_base_engine(
             text, step.base_dist, plan.base_python,
             root / "images" / f"{plan.base_image['name']}.toml", fetcher.store,
-            staging / site.lstrip("/"), label=layer.name, log=log)
+            staging / site.lstrip("/"), label=layer.name, log=log,
+            destinations=step.destinations, image_root=staging)
     else:
         wheel = fetcher.fetch(Pinned(step.engine_wheel.url, step.engine_wheel.sha256))
         result = apply_to_wheel(text, wheel, staging / site.lstrip("/"), label=layer.name,
-                                log=log)
+                                log=log, destinations=step.destinations, image_root=staging)
     _log(log, f"layer {layer.index}: {step.part}: {len(result.changed)} files changed, "
-              f"{len(result.deleted)} deleted, {len(result.skipped)} outside the wheel left "
-              f"out: {', '.join(result.skipped)}")
+              f"{len(result.deleted)} deleted, {len(result.placed)} new files placed outside "
+              f"the engine's packages: {', '.join(result.placed) or 'none'}")
 
 
 def _compile_kernel(layer: PlanLayer, root: Path, staging: Path, fetcher: Fetcher

@@ -40,6 +40,8 @@ LAUNCHER_SOURCE = Path(__file__).parent.parent / "run" / "launch.py"
 SITE_PACKAGES = "/usr/local/lib/python3.11/dist-packages"
 # Bump when the same wheels would be installed into different bytes.
 INSTALL_FORMAT = "frank-install-1"
+# how a layer takes a base distribution out: 2 whites out the folders only it installed into
+WHITEOUT_FORMAT = "frank-whiteouts-2"
 # Closure distributions that change least often come first; a wheel of at least
 # OWN_LAYER_BYTES gets a layer of its own, the small ones of a group share one, so that a
 # vLLM bump that keeps torch reuses nearly every byte (names are canonical, prefix match).
@@ -97,6 +99,8 @@ class PatchStep(Strict):
     manifest: str  # the patch part's manifest (errors name it)
     declared_compiled: bool
     base_dist: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    # top-level folder of the diff outside the engine's packages -> image folder
+    destinations: dict[str, str] = Field(default={}, exclude_if=lambda v: not v)
 
 
 class SourceCheckout(Strict):
@@ -344,8 +348,29 @@ def _replacing(layer: PlanLayer, base: dict[str, str], lock: Lock) -> PlanLayer:
     return layer.model_copy(update={
         "base_remove": old,
         "key": sha256_json({"own": layer.key, "site": lock.base_python["site"],
-                            "base_remove": old, "inventory": lock.base_python["inventory"]}),
+                            "base_remove": old, "inventory": lock.base_python["inventory"],
+                            **({"whiteouts": WHITEOUT_FORMAT} if old else {})}),
         "why": layer.why + (f"; replaces the engine image's {said}" if old else "")})
+
+
+def _unseen_network_said(layers: list[PlanLayer]) -> list[PlanLayer]:
+    """Each layer whose commands run in a container and need no network says that they may
+    reach it all the same, in ways the lock cannot see (a setup.py that downloads a prebuilt
+    wheel): one container build runs with the network on when any of its layers needs it,
+    and with it cut only where this user may make a network namespace (issue 54)."""
+    def runs(layer: PlanLayer) -> bool:
+        return bool(layer.run or layer.pip_install or layer.stage) and not (
+            layer.wheels or layer.patch or layer.build_wheels or layer.kernel
+            or layer.base_remove or layer.fetched)
+
+    online = [x.name for x in layers if runs(x) and x.network]
+    said = (f"; the build runs with the network on (for {', '.join(online)}), so these "
+            "commands could reach it in ways the lock cannot see (a setup.py that downloads)"
+            if online else "; its commands need no network, which is cut where this user may "
+            "make a network namespace; where not, the build log says so and they could reach "
+            "it in ways the lock cannot see (a setup.py that downloads)")
+    return [x.model_copy(update={"why": x.why + said}) if runs(x) and not x.network else x
+            for x in layers]
 
 
 def _removal_layer(locked: LockedPart, part: Package, lock: Lock) -> PlanLayer | None:
@@ -357,7 +382,7 @@ def _removal_layer(locked: LockedPart, part: Package, lock: Lock) -> PlanLayer |
     if not gone:
         return None
     key = sha256_json({"format": INSTALL_FORMAT, "base_remove": gone,
-                       "inventory": lock.base_python["inventory"]})
+                       "inventory": lock.base_python["inventory"], "whiteouts": WHITEOUT_FORMAT})
     return PlanLayer(index=0, name=f"{locked.kind}:{locked.name}", part=locked.name,
                      kind=locked.kind, key=key, inputs=locked.inputs, files=[], generated=[],
                      pip_install=[], run=[], base_remove=gone, manifest=locked.manifest,
@@ -377,9 +402,10 @@ def _base_patch_layer(locked: LockedPart, part: Patch, engine: EngineBase,
     dist = str(canonicalize_name(engine.distribution))
     step = PatchStep(part=part.name, source=source, sha256=sha, engine_wheel=None,
                      manifest=locked.manifest, declared_compiled=part.touches_compiled,
-                     base_dist=dist)
+                     base_dist=dist, destinations=part.destinations)
     key = sha256_json({"format": INSTALL_FORMAT, "patch": sha, "base_dist": dist,
-                       "inventory": lock.base_python["inventory"]})
+                       "inventory": lock.base_python["inventory"],
+                       **({"destinations": part.destinations} if part.destinations else {})})
     return PlanLayer(index=0, name=f"patch:{part.name}", part=part.name, kind="patch", key=key,
                      inputs=locked.inputs, files=[], generated=[], pip_install=[], run=[],
                      why=f"Python-only patch applied on the host to the engine image's {dist} "
@@ -393,9 +419,11 @@ def _patch_layer(locked: LockedPart, part: Patch, engine_layer: PlanLayer) -> Pl
     assert part.sha256 is not None or part.file is not None
     sha = part.sha256 or locked.inputs[str(part.file)]
     step = PatchStep(part=part.name, source=source, sha256=sha, engine_wheel=engine_wheel,
-                     manifest=locked.manifest, declared_compiled=part.touches_compiled)
+                     manifest=locked.manifest, declared_compiled=part.touches_compiled,
+                     destinations=part.destinations)
     key = sha256_json({"format": INSTALL_FORMAT, "site": SITE_PACKAGES, "patch": sha,
-                       "engine": engine_wheel.sha256})
+                       "engine": engine_wheel.sha256,
+                       **({"destinations": part.destinations} if part.destinations else {})})
     return PlanLayer(index=0, name=f"patch:{part.name}", part=part.name, kind="patch", key=key,
                      inputs=locked.inputs, files=[], generated=[], pip_install=[], run=[],
                      why=f"Python-only patch applied on the host to {engine_wheel.filename}; "
@@ -550,6 +578,7 @@ def build_plan(lock: Lock, root: Path, closure: bytes | None = None) -> BuildPla
             files=[], generated=[], pip_install=[], run=run, why=path.why, impure=True,
             network=True))
     layers = _key_stages_on_below(layers, lock.base_image)
+    layers = _unseen_network_said(layers)
     layers = [x.model_copy(update={"index": i}) for i, x in enumerate(layers, 1)]
     launcher_text = LAUNCHER_SOURCE.read_text(encoding="utf-8")
     launcher_hash = sha256_bytes(launcher_text.encode())

@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "debs": "frank.cli.debs:debs",
     "diff": "frank.cli.diff:diff",
     "gc": "frank.cli.gc:gc",
+    "image": "frank.cli.image:image",
     "inspect": "frank.cli.inspect:inspect_cmd",
     "keygen": "frank.cli.keygen:keygen",
     "lock": "frank.cli.lock:lock",
@@ -54,6 +55,8 @@ SUMMARIES: dict[str, str] = {
     "debs": "Bases made from Debian packages pinned by version and sha256.",
     "diff": "Show what differs between A and B (stack names, stack paths or .lock files).",
     "gc": "Remove cached blobs, bases, step outputs and clones nothing here references.",
+    "image": "Base images: bring a pinned one on a file, for machines with no path to its "
+             "registry.",
     "inspect": "Show the image at IMAGE (an OCI layout directory or "
                "HOST/REPO[:TAG|@DIGEST]).",
     "keygen": "Write a new signing key pair: OUT (private) and OUT with .pub (public).",

@@ -19,7 +19,8 @@ def check(as_json: bool) -> None:
     root = repo_root_for()
     catalog = Catalog(root)
     manifests = catalog.all()
-    locked = [lock_stack(str(p), catalog) for p in stack_files(root)]
+    # offline: an official base's contents as kept or as each lock recorded them
+    locked = [lock_stack(str(p), catalog, offline=True) for p in stack_files(root)]
     for one in locked:
         bad = shelved_part(one.resolved)
         if bad is not None:

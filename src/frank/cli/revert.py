@@ -68,7 +68,8 @@ def revert(part: str | None, stack_arg: str, why: str | None, undo: bool,
                    "with_dependents": taken,
                    "dry_run": dry_run, "digest_before": done.old_lock.digest,
                    "digest_after": done.lock.digest, "diff": changes,
-                   "dependents": dict(dependents)})
+                   "dependents": dict(dependents),
+                   "mappings_taken": getattr(done, "mappings", [])})
         return
     rel = path.relative_to(root) if path.is_relative_to(root) else Path(stack_arg)
     click.echo("".join(difflib.unified_diff(
@@ -85,6 +86,8 @@ def revert(part: str | None, stack_arg: str, why: str | None, undo: bool,
                    f"digest {done.old_lock.digest} -> {done.lock.digest}")
         for name, version in getattr(done, "dependents", []):
             click.echo(f"  {name} {version} {verb} taken back with it (it requires {part})")
+        for dist in getattr(done, "mappings", []):
+            click.echo(f"  from_index.{dist} {verb} taken with it (nothing asks for it now)")
     for c in changes["closure"]:
         click.echo(f"  closure {c['distribution']}: {c['old'] or '-'} -> {c['new'] or '-'}")
     for layer in changes["layers"]:

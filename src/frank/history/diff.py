@@ -106,11 +106,23 @@ def _versions(lock: Lock, plan: BuildPlan, root: Path, closure: bytes | None
                 held.pop(name, None)
         if lock.python_closure is not None:
             held.update({w.name: w.version for w in closure_wheels(lock, root, closure)})
-        return held
+        return _less_step_removals(lock, held)
     wheels = [w for layer in plan.layers for w in layer.wheels]
     if not wheels and lock.python_closure is not None:
         wheels = closure_wheels(lock, root, closure)
-    return {w.name: w.version for w in wheels}
+    return _less_step_removals(lock, {w.name: w.version for w in wheels})
+
+
+def _less_step_removals(lock: Lock, held: dict[str, str]) -> dict[str, str]:
+    """``held`` without the distributions a step's ``removes`` takes out (steps run after
+    every install, so nothing puts them back)."""
+    from frank.model.kinds.step import removed_distributions
+
+    for part in lock.parts:
+        if part.kind == "step":
+            for name in removed_distributions(part.spec.get("removes") or []):
+                held.pop(name, None)
+    return held
 
 
 def closure_changes(a: Lock, b: Lock, plans: tuple[BuildPlan, BuildPlan], root: Path,

@@ -46,6 +46,7 @@ class RevertResult:
     old_lock: Lock
     closure: bytes | None = None  # the Python closure's text the new lock names
     dependents: list[tuple[str, str]] = field(default_factory=list)  # (name, version)
+    mappings: list[str] = field(default_factory=list)  # [from_index] entries taken with it
 
 
 def _drop(doc: Any, table: str, name: str) -> None:
@@ -154,13 +155,62 @@ def plan_revert(stack_file: Path, part: str, root: Path,
                               revert.to, parent_parts.get(name))
     revert = manifests[part].part.revert
     old_lock = lock_resolved(resolve(stack_file, root, catalog), stack_file, root).lock
-    new_lock, closure = lock_text(stack_file, new_text, root, catalog, "revert")
+    new_text, new_lock, closure, mappings = _lock_taking_mappings(
+        stack_file, new_text, root, catalog, len(stack.from_index))
     new_lock = new_lock.model_copy(update={"stack": stack.name})
     return RevertResult(part=part, action=revert.action, old_version=stack.parts[part],
                         new_version=revert.to, stack_text=new_text, old_text=old_text,
                         lock=new_lock, old_lock=old_lock, closure=closure,
                         dependents=[(d, stack.parts[d]) for d in dependents
-                                    if with_dependents])
+                                    if with_dependents], mappings=mappings)
+
+
+def _lock_taking_mappings(stack_file: Path, text: str, root: Path, catalog: Catalog,
+                          most: int) -> tuple[str, Lock, bytes | None, list[str]]:
+    """Lock the reverted text; a ``[from_index]`` mapping of this file that nothing asks for
+    any more (the reverted part brought what asked for it) is taken out with the part, and
+    its index with it when nothing else comes from it (issue 54: the revert was refused)."""
+    here = FrankError("", file=stack_file).file
+    taken: list[str] = []
+    for _ in range(most + 1):
+        try:
+            lock, closure = lock_text(stack_file, text, root, catalog, "revert")
+            return text, lock, closure, taken
+        except FrankError as exc:
+            field_name = exc.field or ""
+            if exc.file != here or not field_name.startswith("from_index.") or \
+                    "is not in the stack's Python closure" not in exc.message:
+                raise
+            edited = _without_mapping(text, field_name.split(".", 1)[1])
+            if edited is None:
+                raise
+            text = edited
+            taken.append(field_name.split(".", 1)[1])
+    raise AssertionError("more mappings taken than the stack has")
+
+
+def _without_mapping(text: str, dist: str) -> str | None:
+    """``text`` without its ``[from_index]`` entry for ``dist`` (and the ``[indexes]`` entry
+    nothing of this file maps to any more); None when this file has no such entry."""
+    from packaging.utils import canonicalize_name
+
+    doc = tomlkit.parse(text)
+    table = doc.get("from_index")
+    key = next((k for k in (table or {}) if canonicalize_name(k) == canonicalize_name(dist)),
+               None)
+    if table is None or key is None:
+        return None
+    index = table[key]
+    del table[key]
+    if not table:
+        del doc["from_index"]
+    indexes = doc.get("indexes")
+    if indexes is not None and index in indexes and index not in (
+            doc.get("from_index") or {}).values():
+        del indexes[index]
+        if not indexes:
+            del doc["indexes"]
+    return tomlkit.dumps(doc)
 
 
 def lock_text(stack_file: Path, text: str, root: Path, catalog: Catalog, why: str,

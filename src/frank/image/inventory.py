@@ -141,6 +141,9 @@ def inventory_for(definition: Path, store: BlobStore | None = None, *,
     """The inventory of the base ``images/<name>.toml`` names by digest (fetched once;
     ``offline``: a registry image not yet copied here is an error, not a download)."""
     store = store or BlobStore()
+    kept = kept_inventory(definition, store)
+    if kept is not None:
+        return kept
     layout, image = pinned_layout(definition, store, offline=offline)
     return base_inventory(layout, image, store)
 
@@ -164,12 +167,39 @@ def pinned_layout(definition: Path, store: BlobStore, *,
         return layout, digest
     from frank.image.remote import pull_pinned
 
-    layout = store.root / "bases" / digest.split(":")[1]
+    layout = pulled_layout(store, digest)
     if offline and not layout.with_name(f"{layout.name}.pinned").is_file():
         raise FrankError(f"the engine image {img.ref} is not in the cache yet, so its Python "
-                         "distributions cannot be read offline (run `frank lock`)",
+                         "distributions cannot be read offline (run `frank lock`, which "
+                         "reads it once, or `frank image import FILE` with a saved copy)",
                          file=definition, field="ref")
     return pull_pinned(name, digest, layout)
+
+
+def pulled_layout(store: BlobStore, digest: str) -> Path:
+    """Where a registry image pinned by ``digest`` is kept once pulled (or imported)."""
+    return store.root / "bases" / digest.split(":")[1]
+
+
+def kept_inventory(definition: Path, store: BlobStore) -> Inventory | None:
+    """The inventory of the registry image ``images/<name>.toml`` pins, when it was read
+    before (kept by digest): no layout, no registry needed (issue 54: every command of an
+    official-image stack asked the registry again)."""
+    from frank.model.imagefile import load_image_file, parse_pinned_ref
+
+    img = load_image_file(definition)
+    if img.ref is None:
+        return None
+    name, digest = parse_pinned_ref(img.ref, file=definition)
+    if name.startswith("oci:"):
+        return None
+    record = pulled_layout(store, digest).with_name(f"{digest.split(':')[1]}.pinned")
+    try:
+        words = record.read_text(encoding="ascii").split()
+    except (OSError, UnicodeDecodeError):
+        words = []
+    target = words[1] if len(words) == 2 and words[0] == digest else digest
+    return cached_inventory(store, target)
 
 
 # -- reading the layers ----------------------------------------------------------------------

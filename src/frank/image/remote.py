@@ -200,15 +200,21 @@ def pull_pinned(name: str, digest: str, out_layout: Path) -> tuple[Path, str]:
               *_tls_flags(name, ("--src-tls-verify",)),
               f"docker://{name}@{target}", f"dir:{tmp / 'dir'}"], f"pull of {name}@{target}")
         _dir_to_layout(tmp / "dir", tmp / "layout", target)
-        read_layout(tmp / "layout")  # every blob hashed once, on the way in
-        if out_layout.exists():
-            shutil.rmtree(out_layout)
-        (tmp / "layout").replace(out_layout)
-        record = out_layout.parent / f"{out_layout.name}.pinned"
-        record.write_text(f"{digest} {target}\n")
+        file_pinned(tmp / "layout", out_layout, digest, target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out_layout, target
+
+
+def file_pinned(layout: Path, out_layout: Path, digest: str, target: str) -> None:
+    """Put a layout made beside ``out_layout`` in its place, every blob hashed on the way
+    in, with the record a later pull (or import) of ``digest`` finds it by."""
+    read_layout(layout)
+    if out_layout.exists():
+        shutil.rmtree(out_layout)
+    layout.replace(out_layout)
+    record = out_layout.parent / f"{out_layout.name}.pinned"
+    record.write_text(f"{digest} {target}\n")
 
 
 def _dir_to_layout(src: Path, dst: Path, digest: str) -> None:
@@ -237,8 +243,30 @@ def _inspect_raw(ref: str, *, config: bool = False) -> bytes:
     proc = subprocess.run([*args, f"docker://{ref}"], capture_output=True)
     if proc.returncode != 0:
         why = _skopeo_error(proc.stderr.decode(errors="replace"))
-        raise FrankError(f"cannot read {ref}: {why}")
+        raise unreachable(ref, why) or FrankError(f"cannot read {ref}: {why}")
     return proc.stdout
+
+
+_NO_ROUTE = re.compile(r"pinging container registry|dial tcp|no such host|connection refused|"
+                       r"i/o timeout|network is unreachable|TLS handshake timeout|"
+                       r"server misbehaving|Temporary failure in name resolution")
+
+
+def unreachable(ref: str, why: str) -> FrankError | None:
+    """One line for a registry that cannot be reached (skopeo says "Error parsing image
+    name" first, which misleads): the host, what was needed, what to do instead; None for
+    any other failure."""
+    if not _NO_ROUTE.search(why):
+        return None
+    host = ref.split("/", 1)[0]
+    reason = next((m for m in ("connection refused", "no such host", "i/o timeout",
+                               "network is unreachable", "TLS handshake timeout")
+                   if m in why), "no answer")
+    return FrankError(f"the registry {host} cannot be reached ({reason}): it was asked for "
+                      f"{ref}, whose contents are needed once and then kept by digest; "
+                      "where it cannot be reached, save the image on a machine that can "
+                      f"(skopeo copy --preserve-digests docker://{ref} oci-archive:FILE) and run "
+                      "`frank image import FILE` here")
 
 
 def _json(data: bytes, what: str) -> dict[str, Any]:

@@ -114,18 +114,66 @@ def wheel_filename(url: str) -> str:
     return unquote(urlsplit(url).path.rsplit("/", 1)[-1])
 
 
+# query parameters that carry a secret (signed URLs of S3, GCS, Azure; API keys; tokens)
+_SECRET_PARAM = re.compile(r"(?i)token|secret|passw|pwd|auth|key|sig|credential|session|"
+                           r"^x-amz-|^x-goog-|^se$|^sp$|^sv$")
+
+
+def redact_url(value: str) -> str:
+    """``value`` with its user-info and every secret-like query value replaced by ``***``:
+    how a URL is shown in a message (never the secret itself)."""
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(value)
+    except ValueError:
+        return "<a URL that does not parse>"
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = "***@" + netloc.rsplit("@", 1)[1]
+    query = parts.query
+    if query:
+        query = urlencode([(k, "***" if _SECRET_PARAM.search(k) else v)
+                           for k, v in parse_qsl(query, keep_blank_values=True)], safe="*")
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def check_no_credentials(value: str) -> str:
+    """A URL that carries no secret: no user-info on http(s) (``user:token@``, or a token
+    as the user), no password on any scheme, no token-like query parameter. A URL is
+    written into the lock, plan.json and the image; credentials come from netrc at fetch
+    time (``frank.store.fetch.netrc_auth``), never from a manifest. The message shows the
+    URL redacted."""
+    from urllib.parse import parse_qsl, urlsplit
+
+    try:
+        parts = urlsplit(value)
+    except ValueError:
+        return value  # the URL check says what is wrong with it
+    web = parts.scheme in ("http", "https")
+    if parts.password is not None or (web and parts.username is not None):
+        raise ValueError(f"{redact_url(value)} holds credentials (user-info): a URL is "
+                         "written into the lock and the image; put them in ~/.netrc "
+                         "(or $NETRC), read only when fetching")
+    secret = [k for k, _ in parse_qsl(parts.query, keep_blank_values=True)
+              if _SECRET_PARAM.search(k)]
+    if secret:
+        raise ValueError(f"{redact_url(value)} holds a token-like query parameter "
+                         f"({secret[0]}): a URL is written into the lock and the image; "
+                         "give a URL without it and the credentials in ~/.netrc")
+    return value
+
+
 def check_index_url(value: str) -> str:
-    """A package index's URL (PEP 503 simple API): no user or password in it, since the
-    URL is written into the stack's lock and pylock (give credentials to the network
-    layer, not the stack)."""
+    """A package index's URL (PEP 503 simple API): no credentials in it, since the URL is
+    written into the stack's lock and pylock (give them to the network layer: netrc)."""
     from urllib.parse import urlsplit
 
+    check_no_credentials(value)
     parts = urlsplit(value)
-    if parts.username is not None or parts.password is not None:
-        raise ValueError(f"{value!r} holds credentials (user or password): the URL is "
-                         "written into the lock")
     if parts.query or parts.fragment:
-        raise ValueError(f"{value!r} has a query or fragment; an index is a plain URL")
+        raise ValueError(f"{redact_url(value)} has a query or fragment; an index is a "
+                         "plain URL")
     return value
 
 
@@ -163,7 +211,7 @@ Version = Annotated[str, AfterValidator(check_version)]
 EntryPointName = Annotated[str, AfterValidator(check_entry_point_name)]
 RelativePath = Annotated[str, AfterValidator(check_relative_path)]
 ImagePath = Annotated[str, AfterValidator(check_image_path)]
-GitUrl = Annotated[str, AfterValidator(check_git_url)]
+GitUrl = Annotated[str, AfterValidator(check_no_credentials), AfterValidator(check_git_url)]
 
 
 class _HttpUrlText:
@@ -182,5 +230,5 @@ class _HttpUrlText:
 
 # A newline or tab is checked before parsing: the URL parser would drop it silently.
 SafeHttpUrl = Annotated[str, _HttpUrlText, BeforeValidator(check_raw_one_line),
-                        AfterValidator(check_url)]
+                        AfterValidator(check_no_credentials), AfterValidator(check_url)]
 IndexUrl = Annotated[SafeHttpUrl, AfterValidator(check_index_url)]

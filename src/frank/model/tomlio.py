@@ -56,6 +56,11 @@ def validation_to_error(exc: ValidationError, file: Path, tag: str | None = None
         if "input" in err and kind not in ("value_error",) and not isinstance(
             err["input"], dict | list
         ):
-            message += f" (got {err['input']!r})"
+            got = err["input"]
+            if isinstance(got, str) and "://" in got:  # a URL is shown without its secrets
+                from frank.model.pins import redact_url
+
+                got = redact_url(got)
+            message += f" (got {got!r})"
     field = ".".join(loc) if loc else None
     return FrankError(message, file=file, field=field)

@@ -72,6 +72,10 @@ class ClosureRequest:
     constraints: list[str] = field(default_factory=list)
     # requirements installed without their dependencies (a package part's no_deps)
     no_deps: list[str] = field(default_factory=list)
+    # "remove:NAME" / "overrides:NAME" -> (part manifest, field): each must name a
+    # distribution that is there (``check_names``); where an error points, not hashed
+    named_by: dict[str, tuple[Path, str]] = field(default_factory=dict, compare=False)
+    base_names: list[str] = field(default_factory=list, compare=False)  # the image's
 
     def digest(self) -> str:
         # each extra only when it is there: a stack without keeps its pylock current
@@ -131,6 +135,7 @@ def request_for(resolved: Resolved, base: Inventory | None = None) -> ClosureReq
         request.no_deps += needs.no_deps
         if base is not None:
             request.requirements += needs.overrides
+        _named_by(request, part, rp.manifest.path)
     if not request.requirements and not request.no_deps:
         if request.from_index:  # an index with nothing to serve would be ignored: refuse
             dist = sorted(request.from_index)[0]
@@ -140,7 +145,26 @@ def request_for(resolved: Resolved, base: Inventory | None = None) -> ClosureReq
         return None
     if base is not None:
         request.constraints = base_constraints(base, request)
+        request.base_names = sorted(d.name for d in base.dists)
     return request
+
+
+def _named_by(request: ClosureRequest, part: object, manifest: Path) -> None:
+    """Where each name a package part's ``remove`` and ``overrides`` give came from (an
+    override installed without dependencies is resolved as asked: not checked here)."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    from frank.model.kinds.package import Package
+
+    if not isinstance(part, Package):
+        return
+    for name in part.remove:
+        request.named_by[f"remove:{canonicalize_name(name)}"] = (manifest, "remove")
+    if not part.no_deps:
+        for req in part.overrides:
+            request.named_by[f"overrides:{canonicalize_name(Requirement(req).name)}"] = (
+                manifest, "overrides")
 
 
 def base_constraints(base: Inventory, request: ClosureRequest) -> list[str]:
@@ -233,8 +257,9 @@ def _run_uv(cmd: list[str], cwd: str, stack_file: Path, request: ClosureRequest)
         why = next((x for x in lines if "\u00d7" in x or "error" in x.lower()),
                    lines[0] if lines else "uv failed")
         detail = " ".join(x.strip() for x in lines[1:4])
-        raise _not_found(FrankError(f"resolving the Python closure failed: {why.strip()} "
-                                    f"{detail}", file=stack_file), request, stack_file)
+        raise _held_by_image(_not_found(FrankError(
+            f"resolving the Python closure failed: {why.strip()} {detail}", file=stack_file),
+            request, stack_file), " ".join(x.strip() for x in lines), request)
     return proc.stdout
 
 
@@ -248,18 +273,22 @@ def resolve(request: ClosureRequest, out: Path, *, stack_file: Path) -> None:
     from packaging.utils import canonicalize_name
 
     alone = [str(Requirement(r).name) for r in request.no_deps]
+    mapped = sorted(d for d in request.from_index
+                    if canonicalize_name(d) not in {canonicalize_name(a) for a in alone})
+    if request.base_names:  # an override is asked for here: the names first (a typo
+        check_names(request, {}, stack_file, alone=alone, mapped=mapped)  # fails in uv)
     text = ""
     if request.requirements:
         text = _compile(request, request.requirements, stack_file,
-                        excludes=[*request.excludes, *alone],
-                        mapped=sorted(d for d in request.from_index
-                                      if canonicalize_name(d) not in
-                                      {canonicalize_name(a) for a in alone}))
+                        excludes=[*request.excludes, *alone], mapped=mapped)
     if request.no_deps:
         more = _compile(request, request.no_deps, stack_file, excludes=request.excludes,
                         no_deps=True, mapped=[])
         text = (text.rstrip("\n") + "\n\n" + more[more.index("[[packages]]"):]) \
             if text and "[[packages]]" in more else (text or more)
+    if not request.base_names:
+        check_names(request, tomllib.loads(text) if text else {}, stack_file, alone=alone,
+                    mapped=mapped if request.requirements else [])
     text += f'\n[tool.frank]\nrequest = "{request.digest()}"\n'
     wheels = select_wheels(tomllib.loads(text), request, file=out)
     _check_pins(wheels, request, out)
@@ -267,8 +296,47 @@ def resolve(request: ClosureRequest, out: Path, *, stack_file: Path) -> None:
     write_atomic(out, text)
 
 
+def check_names(request: ClosureRequest, doc: dict[str, Any], stack_file: Path, *,
+                alone: list[str], mapped: list[str]) -> None:
+    """Every name a part's ``remove`` and ``overrides`` give is a distribution that is there:
+    the official image's, or one of the closure (resolved again without the removals, and
+    without the overrides asked for as requirements, only when a name is in neither). One
+    that is not is one line naming it and the closest real name: a typo used to be
+    accepted and change nothing (issue 54)."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    from frank.model.closest import did_you_mean
+
+    base = set(request.base_names)
+    have = {str(canonicalize_name(p["name"])) for p in doc.get("packages", [])}
+    unsure: dict[str, tuple[Path, str]] = {}
+    for key, origin in request.named_by.items():
+        what, name = key.split(":", 1)
+        # on the image path an override is asked for, so being resolved proves nothing
+        if name in base or (what == "overrides" and not base and name in have):
+            continue
+        unsure[name] = origin
+    if not unsure:
+        return
+    asked = {key.split(":", 1)[1] for key in request.named_by if key.startswith("overrides:")}
+    own = [r for r in request.requirements
+           if not base or str(canonicalize_name(Requirement(r).name)) not in asked]
+    bare = _compile(request, own, stack_file, excludes=alone, mapped=mapped,
+                    check=False) if own else ""
+    there = base | {str(canonicalize_name(p["name"]))
+                    for p in (tomllib.loads(bare).get("packages", []) if bare else [])}
+    for name, (manifest, field_name) in sorted(unsure.items()):
+        if name not in there:
+            place = ("in neither the base image nor the stack's Python closure" if base
+                     else "not in the stack's Python closure")
+            raise FrankError(f"{name} is {place}{did_you_mean(name, there | have)}",
+                             file=manifest, field=field_name)
+
+
 def _compile(request: ClosureRequest, requirements: list[str], stack_file: Path, *,
-             excludes: list[str], mapped: list[str], no_deps: bool = False) -> str:
+             excludes: list[str], mapped: list[str], no_deps: bool = False,
+             check: bool = True) -> str:
     """One ``uv pip compile`` of ``requirements`` into pylock text (paths made relative);
     with indexes, through a project file that sources each mapped distribution from its
     index, checked against uv's annotations (``_check_sources``) on the main pass."""
@@ -294,7 +362,7 @@ def _compile(request: ClosureRequest, requirements: list[str], stack_file: Path,
                "--no-config", *constraints, *(["--no-deps"] if no_deps else [])]
         for folder in sorted({str(w.path.parent) for w in request.local_wheels}):
             cmd += ["--find-links", folder]
-        if request.indexes and not no_deps:  # which index each came from, what asked for it
+        if request.indexes and not no_deps and check:  # which index, what asked for it
             _check_sources(_run_uv([*cmd, "--emit-index-annotation"], tmp, stack_file,
                                    request), request)
         _run_uv([*cmd, "--format", "pylock.toml", "-o", str(t / "pylock.toml")], tmp,
@@ -307,13 +375,18 @@ def _not_found(exc: FrankError, request: ClosureRequest, stack_file: Path) -> Fr
     """uv's failure when it says a distribution "was not found in the package registry":
     one mapped to an index its index lacks, or one a part pins that PyPI lacks (a wheel
     from another index the stack does not declare)."""
+    import re
+
     from packaging.utils import canonicalize_name
+
+    from frank.model.closest import closest, did_you_mean
 
     for dist, index in sorted(request.from_index.items()):
         if f"Because {dist} was not found in the package registry" in exc.message:
             path, where = request.index_origin[dist]
             return FrankError(f"index {index} ({request.indexes[index]}) has no {dist} "
-                              "that fits", file=path, field=where)
+                              "that fits" + did_you_mean(dist, _index_projects(
+                                  request.indexes[index])), file=path, field=where)
     for dist in sorted(str(canonicalize_name(d)) for d in request.pinned):
         if dist not in request.from_index and (
                 f"Because {dist} was not found in the package registry" in exc.message
@@ -321,7 +394,66 @@ def _not_found(exc: FrankError, request: ClosureRequest, stack_file: Path) -> Fr
             return FrankError(f"{dist}, pinned by a part, is not on PyPI: declare the index "
                               "it comes from in [indexes] and map it to it here",
                               file=stack_file, field=f"from_index.{dist}")
+    missing = re.findall(r"Because (\S+) was not found in the package registry", exc.message)
+    for dist in missing:  # a real one left unmapped by a mapping's typo
+        near = closest(dist, [d for d in request.from_index if d not in missing])
+        if near is None:
+            continue
+        listed = _index_projects(request.indexes[request.from_index[near]])
+        if listed and str(canonicalize_name(near)) not in {
+                str(canonicalize_name(n)) for n in listed} and dist in listed:
+            path, where = request.index_origin[near]
+            return FrankError(f"{near} is mapped but its index has no such project, and "
+                              f"{dist}, which the closure needs, is not on PyPI: the closest "
+                              f"is {dist}", file=path, field=where)
     return exc
+
+
+def _held_by_image(exc: FrankError, said: str, request: ClosureRequest) -> FrankError:
+    """uv's "No solution found" when a version the official image holds (a constraint) is
+    in the way: say that the version is the image's and which ``overrides`` line would
+    change it (issue 54: uv's words came through alone)."""
+    import re
+
+    from packaging.requirements import Requirement
+
+    if "No solution found" not in said:
+        return exc
+    for line in sorted(request.constraints):
+        held = Requirement(line)
+        name, version = held.name, str(held.specifier).removeprefix("==")
+        if not re.search(rf"(?<![\w.-]){re.escape(name)}(?![\w-])", said):
+            continue
+        wants = re.findall(rf"(?<![\w.-]){re.escape(name)}((?:[<>=!~]=?|===)[\w.*+!-]+"
+                           rf"(?:,\s*(?:[<>=!~]=?)[\w.*+!-]+)*)", said)
+        wanted = next((w for w in wants if w.replace(" ", "") != f"=={version}"), None)
+        spec = wanted.replace(" ", "") if wanted else f">{version}"
+        return FrankError(f"{exc.message}; {name} {version} is the base image's version, "
+                          "which the closure keeps unless a part overrides it: a package "
+                          f'part with overrides = ["{name}{spec}"] would change it',
+                          file=exc.file, field=exc.field)
+    return exc
+
+
+def _index_projects(url: str) -> list[str]:
+    """The projects a PEP 503 index lists on its root page (for the closest name to one it
+    lacks); none when the page cannot be read."""
+    import re
+    import ssl
+    import urllib.request
+
+    from frank.store.fetch import ca_bundle
+
+    try:
+        context = ssl.create_default_context(cafile=ca_bundle() or None)
+        from frank.store.fetch import netrc_auth
+
+        request = urllib.request.Request(url.rstrip("/") + "/", headers=netrc_auth(url))
+        with urllib.request.urlopen(request, timeout=10, context=context) as reply:
+            page = reply.read(4 << 20).decode("utf-8", "replace")
+    except (OSError, ValueError):
+        return []
+    return [m.strip().rstrip("/") for m in re.findall(r">([^<>]+)</a>", page)]
 
 
 def _annotations(text: str) -> dict[str, tuple[list[str], str | None]]:
@@ -364,9 +496,11 @@ def _check_sources(text: str, request: ClosureRequest) -> None:
         via, source = found.get(dist, ([], None))
         others = [v for v in via if not v.startswith(f"{_PROJECT} ")]
         if dist not in asked and not others:
+            from frank.model.closest import did_you_mean
+
             raise FrankError(f"{dist} is not in the stack's Python closure (no part and no "
-                             "distribution asks for it, so no index would serve it)",
-                             file=path, field=where)
+                             "distribution asks for it, so no index would serve it)"
+                             + did_you_mean(dist, found), file=path, field=where)
         url = request.indexes[index]
         if source is None or source.rstrip("/") != url.rstrip("/"):
             raise FrankError(f"{dist} was resolved from {source or 'no index'}, not from "

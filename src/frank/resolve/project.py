@@ -71,12 +71,14 @@ def repo_root_for(path: Path | None = None) -> Path:
     return find_repo_root(path.parent if path is not None else Path.cwd())
 
 
-def lock_stack(arg: str, catalog: Catalog | None = None, closure: ClosureMode = "use") -> Locked:
-    """Resolve and lock a stack named or given by path, with its Python closure."""
+def lock_stack(arg: str, catalog: Catalog | None = None, closure: ClosureMode = "use", *,
+               offline: bool = False) -> Locked:
+    """Resolve and lock a stack named or given by path, with its Python closure
+    (``offline``: an official base's contents only as kept or as its lock recorded them)."""
     root = repo_root_for(Path(arg) if arg.endswith(".toml") else None)
     path = stack_path(arg, root)
     root = repo_root_for(path)
-    return lock_resolved(resolve(path, root, catalog), path, root, closure)
+    return lock_resolved(resolve(path, root, catalog), path, root, closure, offline=offline)
 
 
 def _previous_lock(path: Path) -> Lock | None:
@@ -117,7 +119,8 @@ def _edited_since(previous: Lock | None, request: str, pylock: Path) -> bool:
 
 def lock_resolved(resolved: Resolved, path: Path, root: Path, closure: ClosureMode = "use",
                   closure_out: Path | None = None,
-                  known: list[dict[str, Any]] | None = None) -> Locked:
+                  known: list[dict[str, Any]] | None = None, *,
+                  offline: bool = False) -> Locked:
     """Lock a resolved stack as the stack file ``path``, whose Python closure lives beside
     it. The resolution may come from a staged copy of that file (an edit being checked
     before it is written): the closure and the lock file are still the real stack's.
@@ -140,7 +143,8 @@ def lock_resolved(resolved: Resolved, path: Path, root: Path, closure: ClosureMo
         from frank.resolve.derive import derive_outputs  # only a stack that has one pays
 
         derived = derive_outputs(resolved, previous, siblings, closure)
-    base = engine_image_inventory(resolved, offline=closure == "check")
+    base = engine_image_inventory(resolved, offline=offline or closure == "check",
+                                  previous=previous)
     base_python = None if base is None else {
         "image": base.image, "inventory": base.sha256, "site": "/" + (base.site() or ""),
         "dists": base.versions()}
@@ -180,7 +184,8 @@ def lock_resolved(resolved: Resolved, path: Path, root: Path, closure: ClosureMo
                   closure_file=pylock, closure_stale=stale, closure_resolved=resolved_now)
 
 
-def engine_image_inventory(resolved: Resolved, *, offline: bool = False) -> Inventory | None:
+def engine_image_inventory(resolved: Resolved, *, offline: bool = False,
+                           previous: Lock | None = None) -> Inventory | None:
     """What the official engine image the stack sits on holds, when a package part changes
     its Python distributions (read from its layers once per digest, frank.image.inventory;
     ``offline``: `frank lock --check`, which never downloads the image); None for every
@@ -196,15 +201,37 @@ def engine_image_inventory(resolved: Resolved, *, offline: bool = False) -> Inve
                                                      manifest=rp.manifest.path))
            == PythonNeeds() for rp in resolved.parts):
         return None
-    from frank.image.inventory import inventory_for
+    from frank.image.inventory import inventory_for, kept_inventory
+    from frank.store.blobs import BlobStore
 
     definition = resolved.root / "images" / f"{resolved.base_image['name']}.toml"
-    inventory = inventory_for(definition, offline=offline)
+    # kept by digest, or as the lock recorded it for this same pin: the registry (or the
+    # layout) is asked only for a base never read here and never locked (issue 54)
+    inventory = kept_inventory(definition, BlobStore()) or _recorded_inventory(
+        previous, resolved) or inventory_for(definition, offline=offline)
     if inventory.site() is None:
         raise FrankError(f"the engine image {engine.image} holds no Python distribution in a "
                          "site-packages folder, so package parts cannot change it",
                          file=definition, field="ref")
     return inventory
+
+
+def _recorded_inventory(previous: Lock | None, resolved: Resolved) -> Inventory | None:
+    """The base's distributions as the stack's lock recorded them (name, version, site and
+    the inventory's sha256), when it pins the same image: what an offline command (`frank
+    check`) needs of a base whose contents are not here. Never for a build: the build reads
+    the image and holds it to that sha256 (``frank.build.base.plan_inventory``)."""
+    from frank.image.inventory import BaseDist, Inventory
+
+    if previous is None or previous.base_python is None or previous.base_image.get("ref") \
+            != resolved.base_image.get("ref"):
+        return None
+    recorded = previous.base_python
+    site = str(recorded.get("site", "")).strip("/")
+    dists = tuple(BaseDist(name, version, f"{site}/{name}-{version}.dist-info", ())
+                  for name, version in sorted((recorded.get("dists") or {}).items()))
+    return Inventory(image=str(recorded["image"]), dists=dists,
+                     sha256=str(recorded["inventory"]))
 
 
 def load_lock_any(arg: str) -> Lock:

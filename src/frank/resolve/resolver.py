@@ -241,8 +241,11 @@ def _check_relations(stack: Stack, manifests: dict[str, Manifest]) -> None:
         file, field = where(name)
         for req in part.requires:
             if req not in manifests:
+                from frank.model.closest import did_you_mean
+
                 raise FrankError(f"{name} requires {req}, which the stack lacks "
-                                 f"(declared in {m.rel})", file=file, field=field)
+                                 f"(declared in {m.rel}){did_you_mean(req, manifests)}",
+                                 file=file, field=field)
         for other in part.conflicts:
             if other in manifests:
                 raise FrankError(f"{name} conflicts with {other} (declared in {m.rel}); "

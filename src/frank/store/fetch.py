@@ -88,6 +88,28 @@ def _ssl_context() -> ssl.SSLContext:
     return ssl.create_default_context(cafile=bundle) if bundle else ssl.create_default_context()
 
 
+def netrc_auth(url: str) -> dict[str, str]:
+    """An ``Authorization`` header for ``url``'s host from ``$NETRC`` or ``~/.netrc`` (what
+    uv and pip read too), or none: credentials are read when fetching and never written
+    anywhere (a URL that carries them is refused: ``frank.model.pins.check_no_credentials``)."""
+    import base64
+    import netrc
+
+    host = urllib.parse.urlsplit(url).hostname
+    path = Path(os.environ.get("NETRC") or Path.home() / ".netrc")
+    if not host or not path.is_file():
+        return {}
+    try:
+        found = netrc.netrc(str(path)).authenticators(host)
+    except (netrc.NetrcParseError, OSError):
+        return {}
+    if not found or found[2] is None:
+        return {}
+    login, _, password = found
+    token = base64.b64encode(f"{login}:{password}".encode()).decode()
+    return {"Authorization": f"Basic {token}"}
+
+
 def _reader(path: Path) -> Callable[[], IO[bytes]]:
     return lambda: path.open("rb")
 
@@ -186,7 +208,8 @@ class Fetcher:
             # plain http is fine for a pinned file (Debian's archive): the sha256 is the check
             raise not_available(item, "only https://, http:// and file:// URLs are fetched",
                                 self.mirrors)
-        request = urllib.request.Request(item.url, headers={"User-Agent": "frank"})
+        request = urllib.request.Request(item.url, headers={"User-Agent": "frank",
+                                                            **netrc_auth(item.url)})
         context = self._context()
         for attempt in range(1 + len(RETRY_AFTER)):
             try:

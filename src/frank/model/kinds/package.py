@@ -105,7 +105,10 @@ def check_requirement(value: str) -> str:
     except InvalidRequirement as exc:
         raise ValueError(f"not a PEP 508 requirement: {value!r} ({exc})") from None
     if req.url:
-        raise ValueError(f"an override names a version, not a URL: {value!r}")
+        from frank.model.pins import redact_url
+
+        raise ValueError(f"an override names a version, not a URL: {req.name} @ "
+                         f"{redact_url(req.url)}")
     return str(req)
 
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 import re
 from typing import ClassVar, Literal
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from frank.errors import FrankError
-from frank.model.kinds.base import FileCopy, LayerContribution, PartBase, PartContext
-from frank.model.pins import Commit, GitUrl, SafeHttpUrl, Sha256
+from frank.model.kinds.base import FileCopy, LayerContribution, PartBase, PartContext, Slug
+from frank.model.pins import Commit, GitUrl, ImagePath, SafeHttpUrl, Sha256
 from frank.model.pins import Digest as WheelDigest
 
 # Paths whose change means vLLM must be compiled (VLLM.md, "Building vLLM").
@@ -67,6 +67,9 @@ class Patch(PartBase):
     # the engine commits (or engine wheels, "sha256:<hex>") the diff was made against
     applies_to: list[Commit | WheelDigest]
     touches_compiled: bool
+    # where a new file outside the engine's packages goes: the diff's top-level folder
+    # (csrc, tools) -> an image folder; any other file outside them fails the build
+    destinations: dict[Slug, ImagePath] = Field(default={}, exclude_if=lambda v: not v)
 
     @model_validator(mode="after")
     def _one_source(self) -> Patch:

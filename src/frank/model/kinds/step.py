@@ -91,6 +91,12 @@ class Step(PartBase):
             raise ValueError(f"{sorted(clash)[0]} is set by both arch_env and variables")
         return self
 
+    def removed_distributions(self) -> list[str]:
+        """The Python distributions this step takes out: each ``*.dist-info`` folder it
+        removes (canonical names). diff and the audit count them as removed (issue 54: a
+        step's deletion was invisible to both)."""
+        return removed_distributions(self.removes)
+
     def inputs(self, ctx: PartContext) -> dict[str, str]:
         out: dict[str, str] = {}
         for i, item in enumerate(self.inputs_):
@@ -137,3 +143,16 @@ class Step(PartBase):
             why=f"post-install step run in a container; the layer holds "
                 f"{', '.join(self.outputs) or 'no new files'}"
                 f"{' and removes ' + ', '.join(self.removes) if self.removes else ''}")
+
+
+def removed_distributions(removes: list[str]) -> list[str]:
+    """Canonical names of the distributions whose ``*.dist-info`` folders ``removes`` (image
+    paths, as a step's lock entry keeps them) names in a site folder."""
+    from packaging.utils import canonicalize_name
+
+    out = []
+    for path in removes:
+        parent, _, folder = path.rstrip("/").rpartition("/")
+        if folder.endswith(".dist-info") and parent.endswith(("site-packages", "dist-packages")):
+            out.append(str(canonicalize_name(folder[: -len(".dist-info")].rpartition("-")[0])))
+    return sorted(set(out))

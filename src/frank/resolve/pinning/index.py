@@ -31,14 +31,22 @@ class _Links(HTMLParser):
 def _files(index: str, project: str) -> list[tuple[str, str, str]]:
     """(filename, absolute url, sha256) of every file the index lists for a project."""
     page = f"{index.rstrip('/')}/{_normalize(project)}/"
+    from frank.model.pins import check_no_credentials, redact_url
+    from frank.store.fetch import netrc_auth
+
+    try:
+        check_no_credentials(index)
+    except ValueError as exc:
+        raise FrankError(str(exc), field="--index") from None
     request = urllib.request.Request(page, headers={
-        "Accept": "application/vnd.pypi.simple.v1+json, text/html;q=0.1"})
+        "Accept": "application/vnd.pypi.simple.v1+json, text/html;q=0.1", **netrc_auth(page)})
     try:
         with urllib.request.urlopen(request, timeout=30) as resp:
             body = resp.read().decode()
             ctype = resp.headers.get("Content-Type", "")
     except (urllib.error.URLError, OSError) as exc:
-        raise FrankError(f"index {page}: {getattr(exc, 'reason', exc)}") from None
+        raise FrankError(f"index {redact_url(page)}: "
+                         f"{redact_url(str(getattr(exc, 'reason', exc)))}") from None
     out = []
     if "json" in ctype:
         for f in json.loads(body).get("files", []):
