@@ -33,11 +33,12 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import hashlib
 import os
-import resource
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -54,6 +55,15 @@ NVCC_EXLLAMA = ["-O3", "--use_fast_math", "-Xcudafe", "--diag_suppress=177",
 SONAMES = ["libc10.so", "libc10_cuda.so", "libtorch_cpu.so", "libtorch_cuda.so",
            "libtorch.so", "libtorch_python.so"]
 CUDART_SONAME = "libcudart.so.13"
+RUNNING: set[int] = set()  # process groups of the compiles in flight
+
+
+def _stop(signum: int, frame: object) -> None:
+    """A stopped build stops its compilers too (each runs in its own process group)."""
+    for pgid in list(RUNNING):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+    raise SystemExit(128 + signum)
 
 
 def gencode(arch: str) -> list[str]:
@@ -129,7 +139,7 @@ def main() -> int:
     env = {"PATH": f"{nvcc.parent}:/usr/bin:/bin", "LC_ALL": "C", "TZ": "UTC",
            "SOURCE_DATE_EPOCH": "0", "TMPDIR": str(work), "HOME": str(work)}
 
-    def compile_one(src: Path) -> tuple[Path, float, int, str]:
+    def compile_one(src: Path) -> tuple[Path, float, int, str, float, int]:
         rel = src.relative_to(args.sources / EXT)
         obj = work / "obj" / (rel.as_posix().replace("/", "__") + ".o")
         obj.parent.mkdir(parents=True, exist_ok=True)
@@ -138,16 +148,29 @@ def main() -> int:
         else:
             cmd = [args.cxx, *cxx_flags, "-c", str(src), "-o", str(obj)]
         t0 = time.monotonic()
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
-        return obj, time.monotonic() - t0, proc.returncode, shlex.join(cmd) + "\n" + \
-            proc.stdout + proc.stderr
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, env=env, start_new_session=True)
+        RUNNING.add(proc.pid)
+        assert proc.stdout is not None
+        text = proc.stdout.read()
+        # wait4: this compile's own CPU time and peak memory (its cicc, cc1plus, ptxas)
+        _, status, usage = os.wait4(proc.pid, 0)
+        RUNNING.discard(proc.pid)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        return (obj, time.monotonic() - t0, proc.returncode, shlex.join(cmd) + "\n" + text,
+                usage.ru_utime + usage.ru_stime, usage.ru_maxrss)
 
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
     t0 = time.monotonic()
     objs: list[Path] = []
-    failed = []
+    failed: list[Path] = []
+    cpu_total, rss_max = 0.0, 0
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
-        for i, (obj, secs, rc, text) in enumerate(pool.map(compile_one, units), 1):
-            log.write(f"[{i}/{len(units)}] {secs:.1f}s rc={rc} {obj.name}\n{text}\n")
+        for i, (obj, secs, rc, text, cpu, rss) in enumerate(pool.map(compile_one, units), 1):
+            cpu_total, rss_max = cpu_total + cpu, max(rss_max, rss)
+            log.write(f"[{i}/{len(units)}] {secs:.1f}s wall {cpu:.1f}s cpu {rss / 1024:.0f}MiB "
+                      f"rc={rc} {obj.name}\n{text}\n")
             log.flush()
             (objs if rc == 0 else failed).append(obj)
     if failed:
@@ -170,10 +193,9 @@ def main() -> int:
     os.replace(so, args.out / so.name)
     shutil.rmtree(work, ignore_errors=True)
     digest = hashlib.sha256((args.out / so.name).read_bytes()).hexdigest()
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     summary = (f"built {so.name}: {len(units)} sources, archs {args.archs}, "
-               f"{time.monotonic() - t0:.0f} s wall, largest compiler process "
-               f"{peak / 1024:.0f} MiB, sha256 {digest}")
+               f"{time.monotonic() - t0:.0f} s wall, {cpu_total:.0f} s CPU in the compiles, "
+               f"largest compile {rss_max / 1024:.0f} MiB, sha256 {digest}")
     log.write(summary + "\n")
     print(summary)
     return 0
