@@ -58,9 +58,9 @@ CASES: dict[str, tuple[Callable[[Path], None], str, str]] = {
         write("stacks/loop-a.toml", 'extends = "loop-b.toml"\n')(root),
         write("stacks/loop-b.toml", 'extends = "loop-a.toml"\n')(root)),
         "stacks/loop-", "extends: inheritance cycle: loop-"),
-    "tag-only-base-image": (write("images/bookworm-python.toml",
+    "tag-only-base-image": (write("images/bookworm-python-cc.toml",  # served's base
                                   'name = "x"\nref = "debian:bookworm-slim"\n'),
-                            "images/bookworm-python.toml", "ref"),
+                            "images/bookworm-python-cc.toml", "ref"),
     "unknown-kind": (edit(SCHED, 'kind = "env"', 'kind = "envv"'), SCHED, "kind"),
     "name-not-folder": (edit(SCHED, 'name = "cpu-experts-sched"', 'name = "sched"'), SCHED,
                         "name"),

@@ -98,7 +98,7 @@ def test_lock_check_sees_every_change(repo: Path, cache: Path, change: str) -> N
         path = repo / "stacks/served.toml"
         path.write_text(path.read_text().replace("port = 8000", "port = 8001"))
     elif change == "base-image":
-        path = repo / "images/bookworm-python.toml"
+        path = repo / "images/bookworm-python-cc.toml"  # served's base
         path.write_text(path.read_text() + "\n# a comment changes the definition's hash\n")
     elif change == "pylock":
         path = repo / "stacks/pylock.served.toml"
