@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -36,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 
 MODULES = ("norm", "silu_and_mul")
@@ -121,8 +123,13 @@ def run(args: argparse.Namespace) -> None:
     work = Path(tempfile.mkdtemp(prefix="fi-aot-"))
     site = work / "site"
     wheels = sorted(str(kit / r) for r in doc["files"] if r.startswith("wheels/"))
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
-                    "--target", str(site), *wheels], check=True)
+    if importlib.util.find_spec("pip") is not None:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index",
+                        "--no-deps", "--target", str(site), *wheels], check=True)
+    else:  # no pip there: a wheel's purelib/platlib files are the archive's own layout
+        for wheel in wheels:
+            with zipfile.ZipFile(wheel) as zf:
+                zf.extractall(site)
     aot = site / "flashinfer" / "data" / "aot"
     for name in doc["modules"]:
         (aot / name).mkdir(parents=True, exist_ok=True)
