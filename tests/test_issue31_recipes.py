@@ -358,32 +358,37 @@ def test_source_build_declarations_are_checked() -> None:
 def test_overrides_and_removals_show_in_diff_and_revert(repo: Path) -> None:
     """A package part that forces another flashinfer-python than vLLM 0.24.0 pins and
     uninstalls flashinfer-cubin: diff names both distributions, and one revert takes the
-    part back to served's exact closure and digest (locking it resolves with uv: PyPI)."""
+    part back to its base's exact closure and digest (locking it resolves with uv: PyPI)."""
     part(repo, "fi-swap", "1", """\
         kind = "package"
         distribution = "flashinfer-python"
         overrides = ["flashinfer-python==0.6.11"]
         remove = ["flashinfer-cubin"]
         """)
-    child(repo, "swapped", {"fi-swap": "1"})
-    done = frank("lock", "stacks/swapped.toml", cwd=repo)
+    # served itself moves FlashInfer (parts/flashinfer, drop-flashinfer-cubin/2, the AOT
+    # modules): the part is tried on served without that move, the engine's own pins
+    (repo / "stacks/base.toml").write_text(
+        'extends = "served.toml"\nremove = ["flashinfer", "flashinfer-aot", '
+        '"drop-flashinfer-cubin"]\n')
+    (repo / "stacks/swapped.toml").write_text('extends = "base.toml"\n[add]\nfi-swap = "1"\n')
+    done = frank("lock", "stacks/base.toml", "stacks/swapped.toml", cwd=repo)
     if done.code != 0 and ("Failed to fetch" in done.err or "dns" in done.err.lower()):
         pytest.skip("PyPI is not reachable: " + done.err.strip()[:200])
     assert done.code == 0, done.err
-    diff = frank("diff", "served", "swapped", "--json", cwd=repo)
+    diff = frank("diff", "base", "swapped", "--json", cwd=repo)
     assert diff.code == 0, diff.err
     closure = {c["distribution"]: (c["old"], c["new"]) for c in json.loads(diff.out)["closure"]}
     assert closure["flashinfer-python"] == ("0.6.12", "0.6.11")
     assert closure["flashinfer-cubin"] == ("0.6.12", None)
-    shown = frank("diff", "served", "swapped", cwd=repo).out
+    shown = frank("diff", "base", "swapped", cwd=repo).out
     assert "flashinfer-cubin: removed" in shown and "flashinfer-python: version" in shown
     back = frank("revert", "fi-swap", "--stack", "stacks/swapped.toml", cwd=repo)
     assert back.code == 0, back.err
     assert "closure flashinfer-cubin: - -> 0.6.12" in back.out
-    served = json.loads((repo / "stacks/served.lock").read_text())["digest"]
-    assert json.loads((repo / "stacks/swapped.lock").read_text())["digest"] == served
+    base = json.loads((repo / "stacks/base.lock").read_text())["digest"]
+    assert json.loads((repo / "stacks/swapped.lock").read_text())["digest"] == base
     assert (repo / "stacks/pylock.swapped.toml").read_bytes() == \
-        (repo / "stacks/pylock.served.toml").read_bytes()
+        (repo / "stacks/pylock.base.toml").read_bytes()
     assert frank("lock", "--check", "stacks/swapped.toml", cwd=repo).code == 0
 
 

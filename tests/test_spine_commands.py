@@ -39,7 +39,7 @@ def test_compose_writes_plan_and_complete_context(repo: Path) -> None:
     # every COPY source of a layer frank does not build on the host exists
     host = {f"layers/{layer['index']:02d}-{layer['name'].replace(':', '-')}/rootfs/"
             for layer in plan["layers"] if layer["wheels"] or layer["patch"]
-            or layer["build_wheels"] or layer["kernel"]}
+            or layer["build_wheels"] or layer["kernel"] or layer.get("aot")}
     for line in dockerfile.splitlines():
         if line.startswith("COPY ") and line.split()[1] not in host:
             assert (out / "context" / line.split()[1]).is_dir()

@@ -179,6 +179,11 @@ def expected(plan: BuildPlan, lock: Lock, root: Path, store: BlobStore) -> Expec
 
             # compiled on the host: the libraries are the build's; their archs are checked
             want.free.append((kernel_dest(layer.part).strip("/"), layer.part))
+        if layer.aot is not None and layer.part is not None:
+            # modules built on the host: their bytes are the build's; their archs are checked
+            aot_dir = f"{want.site}/{layer.aot['dest']}"
+            want.free.append((aot_dir, layer.part))
+            want.archs.append(WantArchs(layer.part, tuple(layer.aot["archs"]), aot_dir))
         if layer.stage is not None:
             for out in layer.stage.outputs:
                 want.free.append((out.strip("/"), part))

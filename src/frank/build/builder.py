@@ -271,6 +271,8 @@ def assemble_layer(layer: PlanLayer, plan: BuildPlan, root: Path, staging: Path,
         _log(log, f"layer {layer.index}: {', '.join(layer.base_remove)} of the engine image "
                   f"taken out ({len(gone)} whiteouts)")
     sources = [root / folder for folder in layer.build_wheels]
+    if layer.aot is not None:
+        _build_aot(layer, plan, root, staging, fetcher, log)
     if layer.kernel is not None:
         tree, source = _compile_kernel(layer, root, staging, fetcher)
         # the plugin package is built from the compiled tree, which holds the libraries
@@ -340,6 +342,37 @@ def _compile_kernel(layer: PlanLayer, root: Path, staging: Path, fetcher: Fetche
         if not (dest / lib.name).exists():
             shutil.copyfile(lib, dest / lib.name)
     return tree, part.source
+
+
+def _build_aot(layer: PlanLayer, plan: BuildPlan, root: Path, staging: Path,
+               fetcher: Fetcher, log: Path) -> None:
+    """An aot part's modules, built on the host (or kept by key), placed at
+    ``<site-packages>/<dest>/<name>/<name>.so``. They are built from the library's wheel the
+    part pins, which must be the one the closure installs."""
+    from packaging.utils import canonicalize_name
+
+    from frank.build.aot import build_modules
+    from frank.model.kinds.aot import Aot
+
+    part = Aot.model_validate(layer.aot)
+    assert part.wheel is not None and layer.manifest is not None
+    manifest = root / layer.manifest
+    want = canonicalize_name(part.distribution)
+    installed = [w for x in plan.layers for w in x.wheels if canonicalize_name(w.name) == want]
+    if not any(w.sha256 == part.wheel.sha256 for w in installed):
+        have = ", ".join(f"{w.filename} ({w.sha256[:12]})" for w in installed) or "none"
+        raise FrankError(f"the modules would be built from {part.wheel.sha256[:12]}, but the "
+                         f"closure installs {have} for {part.distribution}",
+                         file=manifest, field="wheel")
+    paths = build_modules(part, root, manifest, fetcher)
+    dest = staging / plan.site_packages.strip("/") / part.dest
+    for name, path in sorted(paths.items()):
+        target = dest / name / f"{name}.so"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
+        target.chmod(0o644)
+    _log(log, f"layer {layer.index}: {len(paths)} {part.distribution} modules "
+              f"({', '.join(sorted(paths))}) at {part.dest}")
 
 
 def stage_host_layers(plan: BuildPlan, root: Path, context: Path, *, log: Path,

@@ -21,6 +21,7 @@ from frank.errors import FrankError
 from frank.hashing import sha256_bytes, sha256_json
 from frank.image.spec import LOCK_IN_IMAGE as LOCK_IN_IMAGE
 from frank.model.kinds import PART_ADAPTER
+from frank.model.kinds.aot import Aot
 from frank.model.kinds.base import PartBase, PartContext, Strict
 from frank.model.kinds.derived import Derived
 from frank.model.kinds.engine import EngineBase, torch_arch_list
@@ -143,6 +144,8 @@ class PlanLayer(Strict):
     patch: PatchStep | None = None
     build_wheels: list[str] = []  # repo package folders built into wheels and installed
     kernel: dict[str, Any] | None = None  # a kernel part's spec, compiled on the host
+    # an aot part's spec: its modules built on the host (frank.build.aot), one key each
+    aot: dict[str, Any] | None = Field(default=None, exclude_if=lambda v: v is None)
     manifest: str | None = None  # the part's manifest, repo-relative (errors name it)
     impure: bool = False  # runs commands inside the image (a container engine), see `run`
     network: bool = False  # those commands reach the network (pip, git, apt-get, a URL)
@@ -438,6 +441,7 @@ def _part_layer(locked: LockedPart, part: PartBase, root: Path) -> PlanLayer | N
         return None
     build_wheels = list(contribution.build_wheels)
     kernel = locked.spec if isinstance(part, Kernel) else None
+    aot = locked.spec if isinstance(part, Aot) else None
     run = [] if (build_wheels or kernel) else list(contribution.run)
     pip = [] if (build_wheels or kernel) else list(contribution.pip_install)
     stage = None
@@ -451,7 +455,7 @@ def _part_layer(locked: LockedPart, part: PartBase, root: Path) -> PlanLayer | N
                           if src is not None else None)
     fetched = [FetchedFile(url=u, sha256=h, dest=d) for u, h, d in contribution.fetched]
     if not (contribution.files or contribution.generated or pip or run or build_wheels
-            or kernel or stage or fetched):
+            or kernel or aot or stage or fetched):
         return None
     # The part's key, and how frank turns it into a layer: a change to either is a
     # different layer, so a cached layer is never reused for other content.
@@ -460,6 +464,7 @@ def _part_layer(locked: LockedPart, part: PartBase, root: Path) -> PlanLayer | N
                        "generated": contribution.generated, "run": run, "pip_install": pip,
                        "build_wheels": build_wheels, "kernel": kernel,
                        "stage": stage.model_dump() if stage else None,
+                       **({"aot": aot} if aot else {}),
                        **({"fetched": [f.model_dump() for f in fetched]} if fetched else {}),
                        "format": INSTALL_FORMAT, "site": SITE_PACKAGES})
     return PlanLayer(
@@ -468,7 +473,8 @@ def _part_layer(locked: LockedPart, part: PartBase, root: Path) -> PlanLayer | N
         files=[CopyStep(src=f.src, dest=f.dest) for f in contribution.files],
         generated=[GeneratedFile(dest=d, text=t) for d, t in contribution.generated],
         pip_install=pip, run=run, why=contribution.why, build_wheels=build_wheels,
-        kernel=kernel, manifest=locked.manifest, impure=bool(run or stage), stage=stage,
+        kernel=kernel, aot=aot, manifest=locked.manifest, impure=bool(run or stage),
+        stage=stage,
         network=contribution.network, fetched=fetched)
 
 

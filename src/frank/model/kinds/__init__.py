@@ -14,6 +14,7 @@ from frank.model.kinds.base import PartBase
 if TYPE_CHECKING:
     from pydantic import TypeAdapter
 
+    from frank.model.kinds.aot import Aot
     from frank.model.kinds.binary import Binary
     from frank.model.kinds.data import Data
     from frank.model.kinds.derived import Derived
@@ -27,8 +28,8 @@ if TYPE_CHECKING:
     from frank.model.kinds.weights import Weights
 
     AnyPart = Annotated[
-        EngineBase | Patch | Package | Binary | Kernel | Plugin | Data | Derived | Weights
-        | EnvSwitch | Step, "discriminated by kind"]
+        EngineBase | Patch | Package | Binary | Kernel | Aot | Plugin | Data | Derived
+        | Weights | EnvSwitch | Step, "discriminated by kind"]
 
 # kind -> (module, class), in the order errors list the kinds
 _KINDS: dict[str, tuple[str, str]] = {
@@ -37,6 +38,7 @@ _KINDS: dict[str, tuple[str, str]] = {
     "package": ("frank.model.kinds.package", "Package"),
     "binary": ("frank.model.kinds.binary", "Binary"),
     "kernel": ("frank.model.kinds.kernel", "Kernel"),
+    "aot": ("frank.model.kinds.aot", "Aot"),
     "plugin": ("frank.model.kinds.plugin", "Plugin"),
     "data": ("frank.model.kinds.data", "Data"),
     "derived": ("frank.model.kinds.derived", "Derived"),

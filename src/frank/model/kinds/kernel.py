@@ -7,10 +7,11 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import Field
 
 from frank.model.archs import Arch, spell_archs
+from frank.model.cuda import check_one_release
 from frank.model.kinds.base import LayerContribution, PartBase, PartContext, PythonNeeds
 from frank.model.kinds.engine import PinnedWheel
 from frank.model.kinds.plugin import EntryPoint, check_entry_point, package_needs
-from frank.model.pins import OneLine
+from frank.model.pins import OneLine, wheel_filename
 
 __all__ = ["Arch", "Kernel", "kernel_dest"]
 
@@ -41,6 +42,8 @@ class Kernel(PartBase):
     def inputs(self, ctx: PartContext) -> dict[str, str]:
         assert self.source is not None
         out = {self.source: ctx.tree_hash(self.source, "source")}
+        check_one_release([wheel_filename(str(w.url)) for w in self.toolchain or ()],
+                          file=ctx.manifest, field="toolchain")
         for wheel in self.toolchain or ():
             out[str(wheel.url)] = wheel.sha256
         if self.plugin is not None:  # checked even inside the source tree it is hashed with
