@@ -238,3 +238,55 @@ def update(root: Path, *, check: bool) -> Report:
             if not check:
                 write_atomic(item.path, new)
     return report
+
+
+def _type_of(prop: dict[str, Any]) -> str:
+    """A property's type in a few words (``string``, ``list of string``, ``Revert``)."""
+    if "$ref" in prop:
+        return str(prop["$ref"]).rsplit("/", 1)[-1]
+    if "const" in prop:
+        return json.dumps(prop["const"])
+    if "enum" in prop:
+        return " | ".join(json.dumps(v) for v in prop["enum"])
+    for key in ("anyOf", "oneOf"):
+        if key in prop:
+            kinds = [_type_of(p) for p in prop[key] if p.get("type") != "null"]
+            return " or ".join(dict.fromkeys(kinds))
+    kind = prop.get("type", "any")
+    if kind == "array":
+        return f"list of {_type_of(prop.get('items', {}))}"
+    if kind == "object":
+        values = prop.get("additionalProperties")
+        if isinstance(values, dict):
+            return f"table of {_type_of(values)}"
+        return "table"
+    return str(kind)
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.replace("|", "\\|").split())
+
+
+def field_table(schema: dict[str, Any], *, heading: str = "###") -> str:
+    """Markdown tables of a schema's fields, then of each table it nests (``$defs``), for the
+    docs: made from the schema, so the docs say what the models accept."""
+
+    def one(model: dict[str, Any]) -> list[str]:
+        required = set(model.get("required", []))
+        rows = ["| field | type | required | default | what it is |",
+                "|---|---|---|---|---|"]
+        for name, prop in model.get("properties", {}).items():
+            default = "" if prop.get("default") is None else f"`{json.dumps(prop['default'])}`"
+            rows.append(f"| `{name}` | {_cell(_type_of(prop))} | "
+                        f"{'yes' if name in required else ''} | {default} | "
+                        f"{_cell(prop.get('description', ''))} |")
+        return rows
+
+    out = one(schema)
+    for name, sub in schema.get("$defs", {}).items():
+        if sub.get("properties"):
+            out += ["", f"{heading} `{name}`", ""]
+            if sub.get("description"):
+                out += [_cell(sub["description"]), ""]
+            out += one(sub)
+    return "\n".join(out) + "\n"
