@@ -11,7 +11,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 # What a frank repo is made of, as far as the spine is concerned.
-REPO_DIRS = ("parts", "stacks", "images", "plugins", "kernels")
+REPO_DIRS = ("parts", "stacks", "images", "plugins", "kernels", "builders")
 
 
 def copy_repo(dest: Path) -> Path:
