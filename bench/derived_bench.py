@@ -110,7 +110,7 @@ def main() -> None:
                "COLUMNS": "120"}
         env.pop("FRANK_NO_ANSWER_CACHE", None)
         worked = {**env, "FRANK_NO_ANSWER_CACHE": "1"}
-        builder = [py, str(repo / "parts/expert-plan/builder/plan.py"), "--out",
+        builder = [py, str(repo / "builders/expert-plan/plan.py"), "--out",
                    str(tmp / "plan.json"), "--layers", str(LAYERS), "--experts", str(EXPERTS),
                    "--cpu-experts", str(BUDGET), *map(str, traces)]
         frank = [py, "-m", "frank"]

@@ -210,5 +210,5 @@ def test_workflow_watches_everything_an_image_is_made_from() -> None:
     doc = load_workflow()
     for event in ("push", "pull_request"):
         paths = doc["on"][event]["paths"]
-        for d in ("stacks", "parts", "images", "plugins", "kernels", "src", "ci"):
+        for d in ("stacks", "parts", "images", "plugins", "kernels", "builders", "src", "ci"):
             assert f"{d}/**" in paths, (event, d)

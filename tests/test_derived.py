@@ -17,7 +17,7 @@ import pytest
 
 from tests.spine_helpers import REPO, frank, snapshot
 
-BUILDER = REPO / "parts" / "expert-plan" / "builder" / "plan.py"
+BUILDER = REPO / "builders" / "expert-plan" / "plan.py"
 STACK = """extends = "smoke-cpu.toml"
 description = "smoke-cpu + a derived expert plan"
 

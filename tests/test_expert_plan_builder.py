@@ -1,4 +1,4 @@
-"""The expert-plan builder (parts/expert-plan/builder/plan.py) on small traces: exact budget,
+"""The expert-plan builder (builders/expert-plan/plan.py) on small traces: exact budget,
 most-routed on the GPU, the stated tie rule, coverage, bad input."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from tests.spine_helpers import REPO
 
 def _builder() -> ModuleType:
     spec = importlib.util.spec_from_file_location(
-        "expert_plan_builder", REPO / "parts/expert-plan/builder/plan.py")
+        "expert_plan_builder", REPO / "builders/expert-plan/plan.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

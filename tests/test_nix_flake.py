@@ -33,7 +33,7 @@ STUB_PYTHON_PACKAGES = ["setuptools", "pydantic", "click", "tomlkit", "rich", "p
                         "huggingface-hub", "packaging", "installer", "uv", "python-debian",
                         "cyclonedx-python-lib", "in-toto-attestation", "cryptography",
                         "kubernetes", "pyyaml", "jsonschema", "isal", "docker",
-                        "zstandard"]
+                        "zstandard", "jinja2", "pygal"]
 STUB_CUDA_PACKAGES = ["cuda_nvcc", "cuda_cudart", "cuda_cccl"]
 
 STUB_NIXPKGS_FLAKE = """{
@@ -278,7 +278,8 @@ def test_package_and_dev_shell_are_what_the_flake_promises(nix: Nix, stubs: dict
     deps = nix.eval_json(flake, stubs, "packages.x86_64-linux.frank.dependencyNames")
     assert deps == ["pydantic", "click", "tomlkit", "rich", "packaging", "installer", "isal",
                     "uv", "python-debian", "cyclonedx-python-lib", "in-toto-attestation",
-                    "cryptography", "kubernetes", "pyyaml", "jsonschema", "docker", "zstandard"]
+                    "cryptography", "kubernetes", "pyyaml", "jsonschema", "docker", "zstandard",
+                    "jinja2", "pygal"]
     assert nix.eval_json(flake, stubs, "packages.x86_64-linux.frank.meta.mainProgram") == "frank"
     # The dev shell: Python 3.11, nvcc, the image tools and the test registry.
     shell = "devShells.x86_64-linux.default"

@@ -49,7 +49,7 @@ def test_pin_engine_commit_from_a_tag(repo: Path, upstream: tuple[str, str, str]
     assert result.code == 0, result.err
     new = manifest.read_text()
     assert f'commit = "{tagged}"' in new  # the peeled tag's commit, not the tag object
-    assert new.startswith("# vLLM at the v0.24.0 release")  # comments kept
+    assert new.startswith("#:schema ../../schemas/part-engine.json\n# vLLM at the v0.24.0 release")
 
 
 def test_pin_patch_source_commit_from_a_branch(repo: Path,

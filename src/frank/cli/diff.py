@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import click
 
 from frank.cli.output import emit_json, json_option, print_table
+from frank.fsutil import write_atomic
 from frank.store import memo
 
 
@@ -55,9 +58,17 @@ def _print_k8s(k8s: dict[str, object], a: str, b: str) -> None:
 @click.option("--exit-code", is_flag=True, help="Exit 1 when the two differ.")
 @click.option("--k8s", "with_k8s", is_flag=True,
               help="Also the Kubernetes objects `frank render k8s` would change, and how.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "html"]), default="text",
+              show_default=True,
+              help="html: one self-contained page of the changes, for a review.")
+@click.option("--out", "out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the answer to this file (atomically) instead of stdout.")
 @json_option
-def diff(a: str, b: str, exit_code: bool, with_k8s: bool, as_json: bool) -> None:
+def diff(a: str, b: str, exit_code: bool, with_k8s: bool, fmt: str, out: Path | None,
+         as_json: bool) -> None:
     """Show what differs between A and B (stack names, stack paths or .lock files)."""
+    if out is not None and fmt == "text" and not as_json:
+        raise click.UsageError("--out writes --format html or json")
     result = memo.answer("diff", [a, b], lambda: diff_answer(a, b))
     if with_k8s:
         from frank.resolve.project import load_lock_any
@@ -65,6 +76,20 @@ def diff(a: str, b: str, exit_code: bool, with_k8s: bool, as_json: bool) -> None
 
         result = {**result, "k8s": diff_objects(load_lock_any(a), load_lock_any(b))}
     if as_json:
+        if fmt == "html":
+            raise click.UsageError("--json and --format html: choose one")
+        fmt = "json"
+    if fmt in ("html", "json") and (fmt == "html" or out is not None):
+        from frank.history.diffpage import render_html
+
+        text = render_html(result) if fmt == "html" else \
+            json.dumps(result, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+        if out is None:
+            click.echo(text, nl=False)
+        else:
+            write_atomic(out, text)
+            click.echo(f"wrote {out}")
+    elif fmt == "json":
         emit_json(result)
     else:
         click.echo(f"{a}: {result['a']['digest']}\n{b}: {result['b']['digest']}")

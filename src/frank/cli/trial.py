@@ -220,15 +220,21 @@ def record(name: str, results: Path) -> None:
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True, help="Print the decision as JSON.")
 def decide(name: str, as_json: bool) -> None:
-    """Apply the sealed rule with its exact test and print the table users publish."""
+    """Apply the sealed rule with its exact test and print the table users publish; the
+    starts and the verdict are drawn beside it in trials/NAME.decision.svg."""
+    from frank.trial.chart import write_chart
     from frank.trial.decide import decide_file, render
     from frank.trial.model import trial_path
 
-    decision = decide_file(trial_path(name))
+    path = trial_path(name)
+    decision = decide_file(path)
+    chart = write_chart(decision, path)
     if as_json:
-        click.echo(json.dumps(decision.to_json(), indent=2, sort_keys=True))
+        click.echo(json.dumps({**decision.to_json(), "chart": str(chart)}, indent=2,
+                              sort_keys=True))
     else:
         render(decision)
+        click.echo(f"chart: {chart}")
 
 
 @trial.command()

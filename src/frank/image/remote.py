@@ -81,7 +81,8 @@ def _run(args: list[str], what: str) -> subprocess.CompletedProcess[str]:
         why = _skopeo_error(proc.stderr or proc.stdout)
         if "400 (Bad Request)" in why:  # distribution says why in its log only
             why += (" (the registry's log says why; Debian's packaged docker-registry config "
-                    "asks for htpasswd logins it cannot check: README, a local registry)")
+                    "asks for htpasswd logins it cannot check: docs/concepts/image.md, "
+                    "a local registry)")
         raise FrankError(f"{what} failed: {why}")
     return proc
 

@@ -50,6 +50,8 @@ class Decision:
     crashed_starts: int
     ranges: tuple[tuple[float, float], tuple[float, float]]  # (min, max) of A, then of B
     images: dict[str, str | None] = field(default_factory=dict)  # arm -> image its starts ran
+    # (start, arm, metric) of every start in the sealed order: what the chart draws
+    starts: list[tuple[int, str, float]] = field(default_factory=list)
 
     @property
     def verdict(self) -> str:
@@ -177,7 +179,8 @@ def decide(trial: Trial, digest: str, records: list[StartRecord], path: Path) ->
               "permutation": f"within-block permutation test, {d.blocks} blocks"}[d.kind]
     return Decision(trial.name, digest, design, d.rule, trial.metric.label, direction,
                     d.alpha, rows, mean, outcome, crashes, ranges,
-                    measured_images(list(ok.values()), path))
+                    measured_images(list(ok.values()), path),
+                    [(s.start, s.arm, value[s.start]) for s in trial.order])
 
 
 def decide_file(trial_file: Path) -> Decision:
