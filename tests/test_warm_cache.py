@@ -301,3 +301,22 @@ def test_gc_collects_the_warm_caches_of_images_no_longer_kept(tmp_path: Path,
     for digest in (kept.digest, kept.layer, sha256_bytes(warmcache.EMPTY_BLOB)):
         assert digest.split(":")[1] in have
     assert gone.layer.split(":")[1] not in have and gone.digest.split(":")[1] not in have
+
+
+def test_a_trial_arm_never_mixes_cold_and_warm_starts(tmp_path: Path) -> None:
+    from frank.errors import FrankError
+    from frank.trial.results import StartRecord
+    from frank.trial.run import check_same_warm
+
+    def rec(start: int, arm: str, warm: str | None) -> StartRecord:
+        return StartRecord(start=start, block=0, arm=arm, digest="sha256:" + "0" * 64,
+                           image=IMAGE, trial="t", status="ok", warm_cache=warm)
+
+    art = "sha256:" + "ef" * 32
+    before = [rec(1, "A", art), rec(2, "B", "none: none found for this image")]
+    check_same_warm(rec(3, "A", art), before, tmp_path / "results.jsonl")
+    check_same_warm(rec(4, "B", "none: only for another device"), before, tmp_path / "r")
+    with pytest.raises(FrankError, match="must not mix cold and warm"):
+        check_same_warm(rec(5, "A", "none: none found for this image"), before, tmp_path / "r")
+    with pytest.raises(FrankError, match="must not mix cold and warm"):
+        check_same_warm(rec(6, "B", art), before, tmp_path / "r")
