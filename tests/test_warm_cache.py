@@ -320,3 +320,34 @@ def test_a_trial_arm_never_mixes_cold_and_warm_starts(tmp_path: Path) -> None:
         check_same_warm(rec(5, "A", "none: none found for this image"), before, tmp_path / "r")
     with pytest.raises(FrankError, match="must not mix cold and warm"):
         check_same_warm(rec(6, "B", art), before, tmp_path / "r")
+
+
+def test_registry_round_trip_push_pull_verify(tmp_path: Path, device: Device) -> None:
+    """Pushed as a referrer of the pushed manifest (docker-registry has no referrers API:
+    the sha256-<hex> tag lists it), pulled into an empty store by digest for this device
+    only, checked by `verify`; a layer changed in the registry is refused."""
+    from frank.ship import warmremote
+    from frank.ship.attest import VerifyFailed
+    from tests.image.conftest import start_registry, stop
+
+    proc, where = start_registry(tmp_path / "registry")
+    try:
+        repo = f"{where}/warm/test"
+        store = BlobStore(tmp_path / "a")
+        art = warmcache.make(store, cache_folder(tmp_path / "c"), subject=SUBJECT,
+                             image=IMAGE, device=device)
+        pushed_subject = dict(SUBJECT, digest="sha256:" + "99" * 32)  # a compressed form
+        pushed = warmremote.push(store, repo, IMAGE, pushed_subject)
+        assert [(p.device, p.scheme) for p in pushed] == [(device.key, "tag")]
+        other = replace(device, cpu_model="Another CPU")
+        empty = BlobStore(tmp_path / "b")
+        assert warmremote.pull(empty, repo, pushed_subject["digest"], IMAGE, other) is None
+        got = warmremote.pull(empty, repo, pushed_subject["digest"], IMAGE, device)
+        assert got is not None and got.layer == art.layer and got.image == IMAGE
+        assert warmcache.choose(empty, IMAGE, device).digest == got.digest
+        checked = warmremote.verify(repo, pushed_subject["digest"], IMAGE)
+        assert [c.layer for c in checked] == [art.layer]
+        with pytest.raises(VerifyFailed, match="is for image"):
+            warmremote.verify(repo, pushed_subject["digest"], OTHER_IMAGE)
+    finally:
+        stop(proc)

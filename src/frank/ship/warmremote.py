@@ -146,3 +146,46 @@ def pulled(store: BlobStore, pushes: list[tuple[str, str]], image: str, device: 
         if found is not None:
             return found, f"pulled from {repository}"
     return None, why
+
+
+@dataclass(frozen=True)
+class CheckedWarm:
+    """A pushed warm cache ``frank verify`` checked."""
+
+    digest: str
+    made_on: str
+    layer: str
+    layer_size: int
+
+
+def verify(repository: str, subject: str, image: str) -> list[CheckedWarm]:
+    """Every warm cache listed as a referrer of ``subject``: its manifest and layer read by
+    digest and hashed, its layer a zstd tar that unpacks inside its folder, and its
+    annotations naming layout digest ``image``. The first that does not hold is a
+    ``VerifyFailed`` (one line, exit 1)."""
+    import tempfile
+    from pathlib import Path
+
+    from frank.ship.attest import VerifyFailed
+
+    host, name, _ = split_ref(repository)
+    reg = Registry(host)
+    out = []
+    for desc in listed(repository, subject):
+        digest = str(desc.get("digest"))
+        try:
+            raw = reg.get_manifest(name, digest)
+            if raw is None:
+                raise FrankError(f"warm cache {digest} is listed but not in the registry")
+            artifact = warmcache.parse(digest, raw)
+            if artifact.image != image:
+                raise FrankError(f"warm cache {digest} is for image {artifact.image}, not "
+                                 f"{image}")
+            with tempfile.TemporaryDirectory(prefix="frank-verify-warm-") as tmp:
+                store = BlobStore(Path(tmp) / "store")
+                store.put_bytes(reg.get_blob(name, artifact.layer))
+                warmcache.unpack(store, artifact, Path(tmp) / "tree")
+        except FrankError as exc:
+            raise VerifyFailed(exc.message) from None
+        out.append(CheckedWarm(digest, artifact.made_on, artifact.layer, artifact.layer_size))
+    return out
