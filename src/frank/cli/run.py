@@ -122,7 +122,7 @@ def run_cmd(target: str, args: tuple[str, ...], engine_name: str, hub_cache: Pat
     from frank.cli.warm import warm_for_run
     from frank.run.supervise import execute
 
-    with warm_for_run(image, lock, cold=no_warm_cache) as warm:
+    with warm_for_run(image, lock, cold=no_warm_cache, serve=not args) as warm:
         plan = image_run.plan(image, lock, engine, w=weights, extra_env=extra_env,
                               args=list(args), shm_size=shm_size, ipc=ipc, warm_dir=warm.host,
                               warm_env=warm.env, warm_note=warm.note)

@@ -42,14 +42,18 @@ def _pushes(image: str) -> list[tuple[str, str]]:
 
 
 @contextlib.contextmanager
-def warm_for_run(image: VerifiedImage, lock: dict[str, Any], *, cold: bool
-                 ) -> Iterator[WarmUse]:
+def warm_for_run(image: VerifiedImage, lock: dict[str, Any], *, cold: bool,
+                 serve: bool = True) -> Iterator[WarmUse]:
     """The warm cache ``frank run`` gives the engine: the store's for this device, else one
-    pulled from a registry the image was pushed to (``frank.ship.warmremote``)."""
+    pulled from a registry the image was pushed to (``frank.ship.warmremote``). None for a
+    one-off run of the entrypoint (``serve`` False: ARGS after ``--``)."""
     from frank.run import warmcache, warmuse
     from frank.run.device import this_device
     from frank.store.blobs import BlobStore
 
+    if not serve:
+        yield warmuse.WarmUse()
+        return
     store = BlobStore()
     device = this_device(_gpus(lock))
     pulled_note = ""
