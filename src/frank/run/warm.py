@@ -90,8 +90,7 @@ def make(image: VerifiedImage, lock: dict[str, Any], device: Device, store: Blob
     times: dict[str, float] = {}
     log = output or sys.stderr.buffer
     with owned("warmmake") as work:
-        folder = work / "cache"
-        folder.mkdir()
+        folder = warmcache.prepare(work / "cache")
         plan = plan_for(folder)
         t0 = time.monotonic()
         with serving(plan, ready_timeout, log):

@@ -76,6 +76,13 @@ def engine_env(root: str = IN_CONTAINER) -> dict[str, str]:
     }
 
 
+def prepare(folder: Path) -> Path:
+    """Make the folders the fixed HOME and XDG_CACHE_HOME name (a library writing under ``~``
+    must find them), in an empty warm folder; returns ``folder``."""
+    (folder / "home" / ".cache").mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 class WarmRefused(FrankError):
     """An artifact that may not be used: the reason is one line; the engine starts cold."""
 

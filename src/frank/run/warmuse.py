@@ -74,8 +74,7 @@ def attached(store: BlobStore, image: str, gpus: int, *, cold: bool) -> Iterator
     unmounted and removed after the block."""
     if cold:
         with owned("warm") as work:
-            (work / "empty").mkdir()
-            yield WarmUse(work / "empty", warmcache.engine_env(),
+            yield WarmUse(warmcache.prepare(work / "empty"), warmcache.engine_env(),
                           "no warm cache (--no-warm-cache: every engine cache starts empty)")
         return
     start = time.monotonic()
