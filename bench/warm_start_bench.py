@@ -84,15 +84,15 @@ def to_ready(args: list[str], cache: Path, log: Path, limit: float) -> tuple[flo
                 break
         seconds = time.monotonic() - start
         proc.send_signal(signal.SIGTERM)
-        rest, _ = proc.communicate(timeout=120)
-        out.write(rest)
+        _, rest = proc.communicate(timeout=120)
+        out.write(rest or b"")
     if not line:
         sys.exit(f"frank run {' '.join(args)} never said ready; see {log}")
     return seconds, line
 
 
-def start_registry(work: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
+def start_registry(work: Path, port: int | None = None) -> tuple[subprocess.Popen[bytes], str]:
+    port = port or free_port()
     work.mkdir(parents=True, exist_ok=True)
     (work / "config.yml").write_text(
         "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n"
@@ -146,34 +146,50 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/tmp/frank-warm-bench"))
     ap.add_argument("--wait-ready", type=float, default=1200)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--arms", default="cold,warm,second",
+                    help="The arms, in the order each trial runs them.")
+    ap.add_argument("--reuse", action="store_true",
+                    help="Keep --work's machines, warm cache and registry from an earlier run "
+                         "of this script: run only the trials.")
     a = ap.parse_args()
     a.work.mkdir(parents=True, exist_ok=True)
     A, B, log = a.work / "machine-a", a.work / "machine-b", a.work / "bench.log"
-    shutil.rmtree(B, ignore_errors=True)
+    if not a.reuse:
+        shutil.rmtree(B, ignore_errors=True)
     run_args = [a.stack, "--hub-cache", a.hub_cache, "--wait-ready", str(a.wait_ready)]
     result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                               "command": " ".join(sys.argv), "machine": machine()}
     print(f"machine: {result['machine']}", flush=True)
-    result["import_a_s"] = timed([*FRANK, "run", *run_args, "--", "--print"], A, log)
-    print(f"import into A's engine storage: {result['import_a_s']:.1f} s (left out)",
-          flush=True)
-    made = json.loads(subprocess.run(
-        [*FRANK, "warm", a.stack, "--hub-cache", a.hub_cache, "--json"], cwd=REPO,
-        env=env_for(A), capture_output=True, check=True).stdout)
-    result["warm"] = made
-    print(f"frank warm: {made['artifact']} ({made['layer_size']:,} bytes, ready "
-          f"{made['ready_s']:.1f} s, packed {made['pack_s']:.1f} s) on {made['made_on']}",
-          flush=True)
-    registry, where = start_registry(a.work / "registry")
-    try:
-        repo = f"{where}/bench/{Path(a.stack).stem}"
-        result["push_s"] = timed([*FRANK, "push", Path(a.stack).stem, "--to", repo,
-                                  "--compression", "none"], A, log)
-        print(f"pushed image and warm cache to {repo} ({result['push_s']:.1f} s)", flush=True)
-        result["import_b_s"] = timed([*FRANK, "run", *run_args, "--", "--print"], B, log)
-        print(f"import into B's engine storage: {result['import_b_s']:.1f} s (left out)",
+    if a.reuse:
+        made = json.loads((a.work / "warm.json").read_text())
+        port = int(json.loads((a.work / "registry.json").read_text())["port"])
+        registry, where = start_registry(a.work / "registry", port)
+        result["warm"] = made
+    else:
+        result["import_a_s"] = timed([*FRANK, "run", *run_args, "--", "--print"], A, log)
+        print(f"import into A's engine storage: {result['import_a_s']:.1f} s (left out)",
               flush=True)
-        arms: dict[str, list[float]] = {"cold": [], "warm": [], "second": []}
+        made = json.loads(subprocess.run(
+            [*FRANK, "warm", a.stack, "--hub-cache", a.hub_cache, "--json"], cwd=REPO,
+            env=env_for(A), capture_output=True, check=True).stdout)
+        (a.work / "warm.json").write_text(json.dumps(made))
+        result["warm"] = made
+        print(f"frank warm: {made['artifact']} ({made['layer_size']:,} bytes, ready "
+              f"{made['ready_s']:.1f} s, packed {made['pack_s']:.1f} s) on {made['made_on']}",
+              flush=True)
+        registry, where = start_registry(a.work / "registry")
+        (a.work / "registry.json").write_text(json.dumps({"port": where.split(":")[1]}))
+    try:
+        if not a.reuse:
+            repo = f"{where}/bench/{Path(a.stack).stem}"
+            result["push_s"] = timed([*FRANK, "push", Path(a.stack).stem, "--to", repo,
+                                      "--compression", "none"], A, log)
+            print(f"pushed image and warm cache to {repo} ({result['push_s']:.1f} s)",
+                  flush=True)
+            result["import_b_s"] = timed([*FRANK, "run", *run_args, "--", "--print"], B, log)
+            print(f"import into B's engine storage: {result['import_b_s']:.1f} s (left out)",
+                  flush=True)
+        arms: dict[str, list[float]] = {k: [] for k in a.arms.split(",")}
         lines: dict[str, list[str]] = {k: [] for k in arms}
         for t in range(a.trials):
             for arm in arms:
@@ -189,6 +205,8 @@ def main() -> None:
     finally:
         registry.terminate()
         registry.wait()
+    if a.out:  # the trials as they are, before the summary needs all three arms
+        a.out.write_text(json.dumps({**result, "trials": arms, "ready_lines": lines}, indent=2))
     med = {k: statistics.median(v) for k, v in arms.items()}
     compile_s = med["cold"] - med["warm"]
     saved = (med["cold"] - med["second"]) / compile_s if compile_s > 0 else float("nan")
