@@ -41,6 +41,7 @@ COMMANDS: dict[str, str] = {
     "show": "frank.cli.show:show",
     "trial": "frank.cli.trial:trial",
     "verify": "frank.cli.verify:verify",
+    "warm": "frank.cli.warm:warm",
 }
 
 
@@ -77,6 +78,8 @@ SUMMARIES: dict[str, str] = {
     "serve": "Fetch and verify the weights, then run the engine as the lock says.",
     "show": "Show PART (every version) or PART@VERSION.",
     "trial": "A part goes in only through a test whose rule was written before it ran.",
+    "warm": "Start STACK_OR_LAYOUT's image with empty engine caches, send a short workload, "
+            "stop it, and keep the caches as a warm artifact for this image and this device.",
 }
 
 

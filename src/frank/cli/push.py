@@ -119,6 +119,8 @@ def push(stack: str, to: str, layout: Path | None, tags: tuple[str, ...],
         if cosign:
             tag = push_cosign_tag(result.repository, result.digest, referrers)
             click.echo(f"{result.repository}:{tag} (cosign's attestation tag)")
+    push_warm_caches(layout, result.repository, result.digest, image_digest,
+                     form.manifest if form.digest == result.digest else None)
     if lock_digest:  # recorded once every part is pushed and read back: what `frank render
         # k8s` deploys (the registry's digest of this lock) and `frank verify` checks
         record_push(root, PushRecord(stack=tag_for_stack(stack), lock_digest=lock_digest,
@@ -126,3 +128,18 @@ def push(stack: str, to: str, layout: Path | None, tags: tuple[str, ...],
                                      tags=result.tags, compression=form.compression,
                                      image=image_digest,
                                      time=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")))
+
+
+def push_warm_caches(layout: Path, repository: str, pushed: str, image: str,
+                     manifest: bytes | None) -> None:
+    """Attach the warm caches of the layout's image (``frank warm``) as referrers of the
+    pushed manifest (``frank.ship.warmremote``); one line each."""
+    from frank.image.oci import OCI_MANIFEST, resolve_manifest
+    from frank.ship.warmremote import push as push_warm
+    from frank.store.blobs import BlobStore
+
+    size = len(manifest) if manifest is not None else len(resolve_manifest(layout, image)[1])
+    subject = {"mediaType": OCI_MANIFEST, "digest": pushed, "size": size}
+    for w in push_warm(BlobStore(), repository, image, subject):
+        how = "referrers API" if w.scheme == "api" else "referrers tag"
+        click.echo(f"{repository}@{w.digest} (warm cache for {w.made_on}; {how})")

@@ -14,7 +14,7 @@ import re
 import shutil
 import sys
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 
@@ -22,6 +22,9 @@ from frank.build.engines import Engine, EngineName
 from frank.cli.output import SECONDS, json_option
 from frank.cli.targets import built_image
 from frank.errors import FrankError
+
+if TYPE_CHECKING:
+    from frank.image.verify import VerifiedImage
 
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -50,6 +53,26 @@ def _engine(name: str, print_only: bool) -> Engine:
     return Engine(cast(EngineName, name), shutil.which(name) or name, root, _runroot(root))
 
 
+def runnable(target: str, what: str = "run it") -> tuple[VerifiedImage, dict[str, Any]]:
+    """The verified, audited image of TARGET and the lock it carries (what `frank run` and
+    `frank warm` start)."""
+    from frank.image.verify import image_lock, verify_layout
+
+    layout, locked = built_image(target)
+    stack_digest, stack = (locked.lock.digest, target) if locked else (None, None)
+    image = verify_layout(layout)
+    if stack_digest is not None and image.lock_digest != stack_digest:
+        raise FrankError(f"the image was built from lock {image.lock_digest}, the stack's lock "
+                         f"is now {stack_digest} (run `frank compose {stack}`)", file=layout)
+    from frank.audit.auditor import ensure_audited
+    from frank.resolve.project import repo_root_for
+
+    ensure_audited(layout, None, repo_root_for(Path(stack)) if stack and stack.endswith(".toml")
+                   else repo_root_for(None), what=what)
+    lock = image_lock(image)
+    return image, lock
+
+
 @click.command("run")
 @click.argument("target", metavar="STACK_OR_LAYOUT")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
@@ -70,41 +93,38 @@ def _engine(name: str, print_only: bool) -> Engine:
 @click.option("--ipc", default="private", show_default=True,
               type=click.Choice(["private", "shareable", "host"]),
               help="IPC namespace of the container (docker).")
+@click.option("--no-warm-cache", is_flag=True,
+              help="Start cold: every engine cache in an empty folder, no warm cache used.")
 @click.option("--print", "print_only", is_flag=True,
               help="Show the exact container commands; run nothing.")
 @json_option
 def run_cmd(target: str, args: tuple[str, ...], engine_name: str, hub_cache: Path | None,
             model_dir: Path | None, env_pairs: tuple[str, ...], wait_ready: float,
-            shm_size: str, ipc: str, print_only: bool, as_json: bool) -> None:
+            shm_size: str, ipc: str, no_warm_cache: bool, print_only: bool,
+            as_json: bool) -> None:
     """Run the image of STACK_OR_LAYOUT; ARGS after `--` go to its entrypoint."""
-    from frank.image.verify import image_lock, verify_layout
     from frank.run import container as image_run
 
     extra_env = _env_pairs(env_pairs)
-    layout, locked = built_image(target)
-    stack_digest, stack = (locked.lock.digest, target) if locked else (None, None)
-    image = verify_layout(layout)
-    if stack_digest is not None and image.lock_digest != stack_digest:
-        raise FrankError(f"the image was built from lock {image.lock_digest}, the stack's lock "
-                         f"is now {stack_digest} (run `frank compose {stack}`)", file=layout)
-    from frank.audit.auditor import ensure_audited
-    from frank.resolve.project import repo_root_for
-
-    ensure_audited(layout, None, repo_root_for(Path(stack)) if stack and stack.endswith(".toml")
-                   else repo_root_for(None), what="run it")
-    lock = image_lock(image)
+    image, lock = runnable(target)
     engine = _engine(engine_name, print_only)
     weights = image_run.weights(lock, hub_cache=hub_cache, model_dir=model_dir,
                                 env=dict(os.environ))
     if not re.fullmatch(r"[0-9]+[bkmg]?", shm_size):
         raise FrankError(f"{shm_size!r} is not a size (like 512m or 2g)", field="--shm-size")
-    plan = image_run.plan(image, lock, engine, w=weights, extra_env=extra_env, args=list(args),
-                          shm_size=shm_size, ipc=ipc)
     if print_only:
+        plan = image_run.plan(image, lock, engine, w=weights, extra_env=extra_env,
+                              args=list(args), shm_size=shm_size, ipc=ipc)
         click.echo(json.dumps(plan.as_json(), indent=2) if as_json else plan.as_text())
         return
     # with the launcher's own arguments (--print...) the weights' files may not be needed
     image_run.check_weights(lock, weights, files=not args)
+    from frank.cli.warm import warm_for_run
     from frank.run.supervise import execute
 
-    sys.exit(execute(plan, wait_ready))
+    with warm_for_run(image, lock, cold=no_warm_cache, serve=not args) as warm:
+        plan = image_run.plan(image, lock, engine, w=weights, extra_env=extra_env,
+                              args=list(args), shm_size=shm_size, ipc=ipc, warm_dir=warm.host,
+                              warm_env=warm.env, warm_note=warm.note)
+        code = execute(plan, wait_ready)
+    sys.exit(code)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -49,8 +50,9 @@ def verify(image_ref: str, key: Path | None, as_json: bool) -> None:
     except FrankError:
         root = None
     result = verify_image(image_ref, public, str(key), root)
+    warm = _warm_caches(image_ref, result.image, result.signed_as or result.image)
     if as_json:
-        emit_json(asdict(result))
+        emit_json({**asdict(result), "warm_caches": [asdict(w) for w in warm]})
         return
     click.echo(f"verified {image_ref}: image {result.image}, lock {result.lock}, signed by "
                f"{result.key} ({result.found})")
@@ -58,3 +60,18 @@ def verify(image_ref: str, key: Path | None, as_json: bool) -> None:
                "resolved dependencies: as the image's lock pins them")
     for why in result.not_checked.values():
         click.echo(f"  not checked: {why}")
+    for w in warm:
+        click.echo(f"  warm cache {w.digest} for {w.made_on}: manifest and layer match their "
+                   f"digests ({w.layer_size:,} bytes), unpacks inside its folder, names image "
+                   f"{result.signed_as or result.image}")
+
+
+def _warm_caches(ref: str, pushed: str, image: str) -> list[Any]:
+    """The warm caches pushed as referrers of the image (``frank.ship.warmremote``),
+    checked; none for a layout (its store's are checked by `frank run` before use)."""
+    if Path(ref).is_dir():
+        return []
+    from frank.image.remote import repository_of
+    from frank.ship.warmremote import verify as verify_warm
+
+    return list(verify_warm(repository_of(ref), pushed, image))

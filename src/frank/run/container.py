@@ -38,6 +38,7 @@ from frank.image.oci import layout_manifests
 from frank.image.verify import VerifiedImage
 from frank.run import launch
 from frank.run.dockerrun import DEFAULT_SHM, OWNER_LABEL, DockerSpec, cli_line, owner
+from frank.run.warmcache import IN_CONTAINER as WARM_IN_CONTAINER
 from frank.store.tmpdirs import owned_name
 
 HUB_IN_CONTAINER = "/frank/hub"
@@ -97,6 +98,8 @@ class RunPlan:
     link: str | None = None  # a tame-named link to the layout, made for the run
     docker: DockerSpec | None = None  # the container the SDK makes (engine docker)
     run_cache: str | None = None  # the writable per-image folder at RUN_CACHE_IN_CONTAINER
+    warm_dir: str | None = None  # the writable warm cache folder at /frank/warm (run.warmuse)
+    warm_note: str = ""  # what the ready line says of the warm cache
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -113,6 +116,17 @@ class RunPlan:
                          "(its blobs linked)")
         lines += [shlex.join(c) for c in [*self.prepare, self.run, *self.cleanup]]
         return "\n".join(lines)
+
+
+def warm_mounts(plan: RunPlan) -> list[tuple[str, str, bool]]:
+    """The warm cache folder as a writable mount (host, container, read-only), if any."""
+    return [(plan.warm_dir, WARM_IN_CONTAINER, False)] if plan.warm_dir else []
+
+
+def warm_suffix(plan: RunPlan) -> str:
+    """What the ready line adds about the warm cache: ``; warm cache sha256:... (made on
+    ...)`` or why none was used."""
+    return f"; {plan.warm_note}" if plan.warm_note else ""
 
 
 def weights(lock: dict[str, Any], *, hub_cache: Path | None, model_dir: Path | None,
@@ -198,9 +212,12 @@ def docker_tag(digest: str) -> str:
 
 def plan(image: VerifiedImage, lock: dict[str, Any], engine: Engine, *, w: Weights,
          extra_env: dict[str, str], args: list[str], shm_size: str = DEFAULT_SHM,
-         ipc: str = "private") -> RunPlan:
+         ipc: str = "private", warm_dir: Path | None = None,
+         warm_env: dict[str, str] | None = None, warm_note: str = "") -> RunPlan:
     """The commands that run ``image`` with ``engine``: entrypoint, then the launcher's
-    weight arguments and ``args`` (in place of the image's cmd)."""
+    weight arguments and ``args`` (in place of the image's cmd). ``warm_dir``: mounted
+    writable at ``warmcache.IN_CONTAINER`` with ``warm_env`` pointing the engine's caches
+    there (``run.warmuse``)."""
     tag = uuid.uuid4().hex[:12]
     ctr, layout = f"frank-run-{tag}", str(image.layout)
     if engine.name == "buildah":
@@ -228,9 +245,11 @@ def plan(image: VerifiedImage, lock: dict[str, Any], engine: Engine, *, w: Weigh
     defaults = {"PYTHONPYCACHEPREFIX": PYCACHE_IN_CONTAINER}
     if "VLLM_CACHE_ROOT" not in (lock.get("env") or {}):  # the stack's own choice wins
         defaults["VLLM_CACHE_ROOT"] = VLLM_CACHE_IN_CONTAINER
-    env = {**w.env, **defaults, **extra_env}
+    env = {**w.env, **defaults, **(warm_env or {}), **extra_env}
     base = engine.base_args()
     flags_out: list[str] = ["--volume", f"{run_cache}:{RUN_CACHE_IN_CONTAINER}"]
+    if warm_dir is not None:
+        flags_out += ["--volume", f"{warm_dir}:{WARM_IN_CONTAINER}"]
     for m in w.mounts:
         flags_out += ["--volume", m.spec()]
     for k in sorted(env):
@@ -245,6 +264,7 @@ def plan(image: VerifiedImage, lock: dict[str, Any], engine: Engine, *, w: Weigh
                           port=port, shm_size=shm_size, ipc=ipc, gpus=gpus,
                           labels={"dev.frank.image": image.digest, OWNER_LABEL: owner()})
         mounts = [(str(run_cache), RUN_CACHE_IN_CONTAINER, False),
+                  *([(str(warm_dir), WARM_IN_CONTAINER, False)] if warm_dir else []),
                   *((m.host, m.container, True) for m in w.mounts)]
         run = cli_line(spec, name=ctr, image=docker_tag(image.digest), env=env, mounts=mounts)
         cleanup = [["docker", "rm", "-f", ctr]]
@@ -265,4 +285,5 @@ def plan(image: VerifiedImage, lock: dict[str, Any], engine: Engine, *, w: Weigh
                    container=ctr, url=url, prepare=prepare, run=run, cleanup=cleanup,
                    mounts=list(w.mounts), env=env, gpus=gpus, serve=not args,
                    link=None if engine.name == "docker" else link, docker=spec,
-                   run_cache=str(run_cache))
+                   run_cache=str(run_cache), warm_dir=str(warm_dir) if warm_dir else None,
+                   warm_note=warm_note)

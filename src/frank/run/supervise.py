@@ -30,7 +30,7 @@ from typing import IO, Any
 from frank.errors import FrankError
 from frank.image.oci import image_view
 from frank.run import launch
-from frank.run.container import RUN_CACHE_IN_CONTAINER, RunPlan
+from frank.run.container import RUN_CACHE_IN_CONTAINER, RunPlan, warm_mounts, warm_suffix
 from frank.run.enginecopy import differences, expected_tree, imported_again, refused, tree_of_dir
 from frank.run.reap import claimed, leftovers
 from frank.store.tmpdirs import drop, hold, release
@@ -254,6 +254,7 @@ class Runner:
             print(f"frank: removed {name}, the container of a run that was killed",
                   file=sys.stderr, flush=True)
         mounts = [(self.plan.run_cache, RUN_CACHE_IN_CONTAINER, False),
+                  *warm_mounts(self.plan),
                   *((m.host, m.container, True) for m in self.plan.mounts)]
         kwargs = dockerrun.create_kwargs(self.plan.docker, name=self.plan.container,
                                          env=self.plan.env, mounts=mounts)
@@ -279,7 +280,7 @@ class Runner:
             ready = (f"frank: ready: {self.plan.stack} image {self.plan.image} lock "
                      f"{self.plan.lock_digest} on {self.plan.url.removesuffix('/health')} "
                      f"({time.monotonic() - start:.1f} s, container {self.plan.container} "
-                     f"via {self.plan.engine})")
+                     f"via {self.plan.engine}){warm_suffix(self.plan)}")
             if self.output is not None:
                 self.output.write(ready.encode() + b"\n")
                 self.output.flush()

@@ -5,8 +5,9 @@ ever (a served variant is about 14 GB). Kept: every blob a committed lock, pyloc
 lock names (their sha256 are the blobs' names), every blob of an image in ``out/`` and of a
 recorded push (manifests followed to their configs and layers), the base each [debs] image
 file makes now, and anything changed within ``keep_days``. The rest goes, with the index
-records and stamps of the blobs that go, and the images frank imported into its engine
-storages that nothing keeps (``ship.gcimages``: a run's image stays while its run is recent).
+records and stamps of the blobs that go, the warm caches of images no longer kept
+(``run.warmcache``), and the images frank imported into its engine storages that nothing
+keeps (``ship.gcimages``: a run's image stays while its run is recent).
 
 Safe against a concurrent compose: every process that uses the store holds its
 ``users.lock`` shared for its life (``store.blobs``); gc takes it exclusively, so it waits
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from frank.errors import FrankError
+from frank.run import warmcache
 from frank.store.flock import opened, try_exclusive
 
 _HEX = re.compile(r"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])")
@@ -196,7 +198,11 @@ def collect(store_root: Path, root: Path, *, keep_days: float, dry_run: bool = F
     with exclusive(store_root, wait):
         done.reaped = reap_all(store_root, dry_run=dry_run)
         blob_dir = store_root / "blobs" / "sha256"
-        keep = _follow(blob_dir, referenced(root))
+        kept = referenced(root)
+        warm, warm_gone = warmcache.for_gc(store_root, _follow(blob_dir, kept))
+        keep = _follow(blob_dir, kept | warm)
+        for folder in warm_gone:  # the warm caches of images no longer kept
+            drop(folder, "warm caches")
         gone: set[str] = set()
         for blob in sorted(blob_dir.iterdir()) if blob_dir.is_dir() else []:
             if blob.name in keep or not old(blob):

@@ -37,6 +37,8 @@ class StartRecord(Strict):
     finished: str | None = None
     metrics: dict[str, float] = {}
     source: str = "run"
+    # the warm cache the image's start used (its artifact digest), or "none: why" (issue 55)
+    warm_cache: str | None = None
 
 
 def read_results(path: Path) -> list[StartRecord]:

@@ -185,6 +185,29 @@ def image_engine(plan: RunPlan, engine_log: Path, opts: RunOptions
         yield r.proc.poll
 
 
+@contextlib.contextmanager
+def warm_engine(image: ArmImage, engine_log: Path, opts: RunOptions, fields: dict[str, Any],
+                logs: Path) -> Iterator[Callable[[], int | None]]:
+    """``image_engine`` with the warm cache of the arm's image for this device when the
+    store has one (``frank.run.warmuse``); ``fields["warm_cache"]`` records which, or why
+    none. The plan the start ran is written to ``logs``."""
+    from frank.build.engines import get_engine
+    from frank.run import container as image_run
+    from frank.run import warmuse
+    from frank.store.blobs import BlobStore
+
+    gpus = int((image.lock.get("target") or {}).get("gpus", 0) or 0)
+    with warmuse.attached(BlobStore(), image.digest, gpus, cold=False) as warm:
+        fields["warm_cache"] = warm.artifact.digest if warm.artifact else \
+            "none: " + warm.note.removeprefix("no warm cache: ")
+        plan = image_run.plan(image.image, image.lock, get_engine(opts.engine),
+                              w=image.weights, extra_env={}, args=[], warm_dir=warm.host,
+                              warm_env=warm.env, warm_note=warm.note)
+        logs.write_text(json.dumps(plan.as_json(), indent=2) + "\n", encoding="utf-8")
+        with image_engine(plan, engine_log, opts) as exited:
+            yield exited
+
+
 def run_start(start: Start, lock: dict[str, Any], expr: Expr, opts: RunOptions, *,
               trial_digest: str, stack: str, root: Path, logs: Path,
               report: Report, image: ArmImage | None = None) -> StartRecord:
@@ -226,7 +249,8 @@ def run_start(start: Start, lock: dict[str, Any], expr: Expr, opts: RunOptions, 
         env_more["FRANK_TRIAL_IMAGE"] = image.digest
 
         def serve() -> AbstractContextManager[Callable[[], int | None]]:
-            return image_engine(plan, engine_log, opts)
+            assert image is not None
+            return warm_engine(image, engine_log, opts, fields, logs / f"{tag}.run.json")
 
     def crash(error: str, **more: Any) -> StartRecord:
         return StartRecord(**fields, status="crash", error=error, finished=utc_now(), **more)
@@ -339,6 +363,20 @@ def run_trial(trial_file: Path, opts: RunOptions, *, progress: bool = True) -> l
         return _run_locked(trial_file, trial, digest, opts, progress)
 
 
+def check_same_warm(record: StartRecord, before: list[StartRecord], results: Path) -> None:
+    """Cold and warm starts are not mixed in one arm: a start whose warm cache (an artifact,
+    or none) differs from the arm's earlier successful starts is refused, not recorded."""
+    cache = (record.warm_cache or "none").split(":")[0]
+    for r in before:
+        if r.arm == record.arm and r.status == "ok" and record.status == "ok" and \
+                (r.warm_cache or "none").split(":")[0] != cache and r.image == record.image:
+            raise FrankError(f"start {record.start} of arm {record.arm} ran with warm cache "
+                             f"{record.warm_cache or 'none'}, start {r.start} with "
+                             f"{r.warm_cache or 'none'}: an arm's starts must not mix cold and "
+                             "warm (remove the results and run again, or `frank warm` first)",
+                             file=results, field="warm_cache")
+
+
 def _run_locked(trial_file: Path, trial: Trial, digest: str, opts: RunOptions,
                 progress: bool) -> list[StartRecord]:
     try:
@@ -386,6 +424,7 @@ def _run_locked(trial_file: Path, trial: Trial, digest: str, opts: RunOptions,
             record = run_start(s, locks[s.arm], expr, opts, trial_digest=digest,
                                stack=spec.stack, root=root, logs=logs_dir(trial_file),
                                report=report, image=image)
+            check_same_warm(record, existing + new, results)
             append(results, [record])
             new.append(record)
             bar.advance(task)
