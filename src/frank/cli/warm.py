@@ -94,7 +94,7 @@ def warm(target: str, engine_name: str, hub_cache: Path | None, model_dir: Path 
          wait_ready: float, prompts: str, max_tokens: int, as_json: bool) -> None:
     """Start STACK_OR_LAYOUT's image with empty engine caches, send a short workload, stop it,
     and keep the caches as a warm artifact for this image and this device."""
-    from frank.cli.run import _engine, runnable
+    from frank.cli.starting import engine_for, runnable
     from frank.run import container as image_run
     from frank.run import warm as warming
     from frank.run import warmcache
@@ -113,7 +113,7 @@ def warm(target: str, engine_name: str, hub_cache: Path | None, model_dir: Path 
     if device is None:
         raise FrankError(f"the image's lock wants {_gpus(lock)} GPUs and nvidia-smi lists "
                          "fewer: a warm cache is made on the device it is for")
-    engine = _engine(engine_name, False)
+    engine = engine_for(engine_name, False)
     weights = image_run.weights(lock, hub_cache=hub_cache, model_dir=model_dir,
                                 env=dict(os.environ))
     image_run.check_weights(lock, weights, files=True)
