@@ -81,7 +81,16 @@ _IMPLS: dict[str, Callable[..., None]] = {
 
 
 def _load_vllm_ops() -> None:
-    """Import vLLM's extension first so our impl lands after (and overrides) vLLM's own."""
+    """Import vLLM's extension first so our impl lands after (and overrides) vLLM's own.
+
+    The platform picks the library: vLLM's CPU platform loads ``_C_AVX512`` (which also
+    registers the ``_C`` namespace) on a CPU with AVX-512 but no AVX512-BF16, and importing
+    ``vllm._C`` beside it registers ``_C`` twice, which aborts the engine."""
+    with contextlib.suppress(ImportError, AttributeError):
+        from vllm.platforms import current_platform
+
+        current_platform.import_kernels()
+        return
     for mod in ("vllm._C_stable_libtorch", "vllm._C"):
         with contextlib.suppress(ImportError):
             importlib.import_module(mod)
