@@ -77,8 +77,10 @@ def push(stack: str, to: str, layout: Path | None, tags: tuple[str, ...],
     if not layout.is_dir():
         raise FrankError("no composed image here; run frank compose first", file=layout)
     from frank.audit.auditor import ensure_audited
+    from frank.resolve.project import lock_stack
 
-    ensure_audited(layout, None, root, what="push it")
+    # against the stack's lock in the repo, never the image's own or an audit.json (issue 53)
+    ensure_audited(layout, lock_stack(stack).lock, root, what="push it")
     all_tags = list(dict.fromkeys([*default_tags(layout, stack), *tags]))
     check_repository(to)
     if compression != "none":  # before minutes of compression, a registry not there: one line

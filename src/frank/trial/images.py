@@ -59,8 +59,10 @@ def arm_image(trial: Trial, arm: str, lock: dict[str, Any], root: Path, *,
     except FrankError as exc:
         raise FrankError(f"arm {arm}: {exc.message}", file=exc.file, field=exc.field) from None
     from frank.audit.auditor import ensure_audited
+    from frank.resolve.lock import Lock
 
-    ensure_audited(layout, None, root, what=f"run arm {arm}")
+    # against the lock the trial sealed from the repo, never the image's own (issue 53)
+    ensure_audited(layout, Lock.model_validate(lock), root, what=f"run arm {arm}")
     for what, found in (("was built from", image.lock_digest),
                         ("carries", carried.get("digest"))):
         if found != spec.digest:
