@@ -251,24 +251,54 @@ def test_compose_refuses_a_forged_base_with_its_records_recomputed(
     assert "/usr/lib/os-release" in done.stdout + done.stderr
 
 
-def test_release_never_reuses_kept_step_outputs(tmp_path: Path) -> None:
-    """4. A stage's kept outputs edited with their tree digest recomputed are what the
-    default mode reuses (it guards against mistakes); release mode runs the stage again."""
+def test_release_finds_kept_step_outputs_forged_consistently(tmp_path: Path) -> None:
+    """4. A stage's kept outputs edited with their tree digest recomputed: the default mode
+    reuses them (its tree digest guards against mistakes, not a forger); release mode runs
+    the stage again in its scratch store, and the comparison names the path and moves the
+    forged outputs aside."""
+    from frank.audit.release import _step_outputs
     from frank.build import stepcache
     from tests.test_safety_tamper import _stage_layout
 
     layer, layout = _stage_layout(tmp_path)
-    store = tmp_path / "store"
-    assert stepcache.save(store, layer, layout)
-    kept = stepcache.cached(store, layer)
+    real, derived = tmp_path / "cache", tmp_path / "scratch"
+    assert stepcache.save(real, layer, layout) and stepcache.save(derived, layer, layout)
+    kept = stepcache.cached(real, layer)
     assert kept is not None
     (kept / "opt/out/kept.txt").write_bytes(TAMPERED)
-    done = store / "step-outputs" / layer.key / "done.json"
+    done = real / "step-outputs" / layer.key / "done.json"
     doc = json.loads(done.read_text())
     doc["tree"] = stepcache.tree_digest(kept)
     done.write_text(json.dumps(doc))
-    assert stepcache.cached(store, layer) is not None  # consistent: the default mode's trust
-    assert stepcache.cached(store, layer, release=True) is None
+    assert stepcache.cached(real, layer) is not None  # consistent: the default mode's trust
+    [finding] = _step_outputs(real, derived)
+    assert finding.path == "/opt/out/kept.txt", finding.line()
+    assert stepcache.cached(real, layer) is None  # gone: the next build runs the step
+
+
+def test_release_compose_heals_a_forged_layer_record(world: tuple[Path, Path]) -> None:
+    """Release mode derives every layer from the pins: a cached layer forged consistently
+    is named (layer and first path) in one line, its record dropped, the image written is
+    the one the lock makes, and the next plain compose makes that layer again."""
+    repo, cache = world
+    forger = Forger(out_layout(repo))
+    good = forger.docs()[0]["manifests"][0]["digest"]
+    i = layer_index(forger, "plugin:region-cache")
+    forge_cached_layer(cache, store_key(cache, forger, i), write_tar(
+        [(m, TAMPERED if m.name.endswith("region_cache/__init__.py") else d)
+         for m, d in read_tar(forger.layer(i))]))
+    done = frank("compose", STACK, "--release", cwd=repo, cache=cache)
+    assert done.returncode == 1, done.stdout + done.stderr
+    [line] = [x for x in done.stderr.splitlines() if x.startswith("release:")]
+    assert "layer plugin:region-cache" in line and "region_cache/__init__.py" in line, line
+    assert "Traceback" not in done.stderr
+    assert Forger(out_layout(repo)).docs()[0]["manifests"][0]["digest"] == good
+    again = frank("compose", STACK, "--json", cwd=repo, cache=cache)
+    assert again.returncode == 0, again.stdout + again.stderr
+    summary = json.loads(again.stdout)
+    assert summary["image"]["digest"] == good and summary["image"]["layers_built"] == 1
+    clean = frank("compose", STACK, "--release", cwd=repo, cache=cache)
+    assert clean.returncode == 0 and "the cache agrees" in clean.stdout, clean.stderr
 
 
 # --- through run, push, trial ------------------------------------------------------------------
@@ -400,16 +430,68 @@ def test_trial_audits_against_the_stacks_lock(world: tuple[Path, Path]) -> None:
 
 # --- the run cache ---------------------------------------------------------------------------
 
-def test_a_pyc_forged_in_the_run_cache_is_not_reused(world: tuple[Path, Path]) -> None:
+def test_a_pyc_forged_in_the_run_cache_is_not_reused(world: tuple[Path, Path],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """9. A .pyc written into the run cache's pycache (what PYTHONPYCACHEPREFIX points at)
     by someone other than a run of this image is never handed to the container."""
     repo, cache = world
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(repo.parent / "config"))
     plan = json.loads(_run_print(repo, cache).stdout)
-    pycache = Path(plan["run_cache"]) / "pycache"
-    forged = pycache / "usr/lib/python3.11/json/__pycache__/__init__.cpython-311.pyc"
+    run_cache = Path(plan["run_cache"])
+    forged = run_cache / "pycache/usr/lib/python3.11/json/__pycache__/__init__.cpython-311.pyc"
     forged.parent.mkdir(parents=True)
     forged.write_bytes(TAMPERED)
     from frank.run.runcache import prepare_pycache
 
-    prepare_pycache(Path(plan["run_cache"]))
-    assert not forged.exists()
+    assert prepare_pycache(run_cache) is False
+    assert not forged.exists() and (run_cache / "pycache").is_dir()
+
+
+@pytest.mark.parametrize("edit", ["none", "edit", "add", "link", "seal copied"])
+def test_the_run_caches_bytecode_is_kept_only_under_its_seal(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, edit: str) -> None:
+    """What a run compiled is kept for the next (sealed with a key outside the cache); any
+    edit after the seal, or a seal made with another key, empties it."""
+    from frank.run.runcache import prepare_pycache, seal_pycache
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    run_cache = tmp_path / "run"
+    pyc = run_cache / "pycache/usr/lib/python3.11/__pycache__/os.cpython-311.pyc"
+    pyc.parent.mkdir(parents=True)
+    pyc.write_bytes(b"compiled by the run")
+    seal_pycache(run_cache)
+    if edit == "edit":
+        pyc.write_bytes(TAMPERED)
+    elif edit == "add":
+        (pyc.parent / "json.cpython-311.pyc").write_bytes(TAMPERED)
+    elif edit == "link":
+        (pyc.parent / "re.cpython-311.pyc").symlink_to(pyc)
+    elif edit == "seal copied":
+        monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "other-config"))
+    kept = prepare_pycache(run_cache)
+    assert kept is (edit == "none")
+    assert pyc.exists() is (edit == "none")
+    assert not (run_cache / "pycache.seal").exists()  # taken off while a run uses it
+
+
+def test_push_derives_the_image_again_unless_told_to_trust_the_cache(
+        world: tuple[Path, Path]) -> None:
+    """Release mode in push: a file's mode made setuid in out/'s layer (digests recomputed;
+    the audit holds content, not modes) is refused by push, naming the layer and the path;
+    with --trust-cache push goes on to the registry (here none: it fails there)."""
+    repo, cache = world
+    forger = Forger(out_layout(repo))
+    i = layer_index(forger, "plugin:region-cache")
+
+    def setuid(members: Members) -> Members:
+        for m, _ in members:
+            if m.name.endswith("region_cache/__init__.py"):
+                m.mode |= 0o4755
+        return members
+    forger.edit_layer(i, setuid)
+    forger.drop_audit_record()
+    refused(_push(repo, cache), "refusing to push it", "layer 1 (plugin:region-cache)",
+            "region_cache/__init__.py")
+    trusted = frank("push", "smoke-cpu", "--to", "127.0.0.1:9/forged", "--trust-cache",
+                    cwd=repo, cache=cache)
+    assert trusted.returncode != 0 and "refusing" not in trusted.stderr, trusted.stderr
