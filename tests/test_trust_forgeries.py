@@ -276,6 +276,7 @@ def test_release_finds_kept_step_outputs_forged_consistently(tmp_path: Path) -> 
     assert stepcache.cached(real, layer) is None  # gone: the next build runs the step
 
 
+@pytest.mark.slow
 def test_release_compose_heals_a_forged_layer_record(world: tuple[Path, Path]) -> None:
     """Release mode derives every layer from the pins: a cached layer forged consistently
     is named (layer and first path) in one line, its record dropped, the image written is
@@ -324,6 +325,7 @@ def _edit_plugin(repo: Path, extra: Members | None = None) -> Forger:
     return forger
 
 
+@pytest.mark.slow
 def test_run_and_push_do_not_trust_a_forged_audit_record(world: tuple[Path, Path]) -> None:
     """5. out/'s layer edited, digests recomputed and audit.json forged to say it passed:
     run and push audit the layout against the stack's lock anyway."""
@@ -333,6 +335,7 @@ def test_run_and_push_do_not_trust_a_forged_audit_record(world: tuple[Path, Path
     refused(_push(repo, cache), "refusing to push it", "region_cache/__init__.py")
 
 
+@pytest.mark.slow
 def test_run_and_push_refuse_a_forged_pyc(world: tuple[Path, Path]) -> None:
     """6. A .pyc added to out/'s image (digests recomputed, no record): refused."""
     repo, cache = world
@@ -369,6 +372,7 @@ def _ld_preload(cfg: dict[str, Any]) -> None:
     cfg["config"]["Env"].append("LD_PRELOAD=/tmp/evil.so")
 
 
+@pytest.mark.slow
 def test_config_env_ld_preload_is_refused_everywhere(world: tuple[Path, Path]) -> None:
     """8. Config Env given LD_PRELOAD, digests recomputed: audit, run and push refuse."""
     repo, cache = world
@@ -474,6 +478,7 @@ def test_the_run_caches_bytecode_is_kept_only_under_its_seal(
     assert not (run_cache / "pycache.seal").exists()  # taken off while a run uses it
 
 
+@pytest.mark.slow
 def test_push_derives_the_image_again_unless_told_to_trust_the_cache(
         world: tuple[Path, Path]) -> None:
     """Release mode in push: a file's mode made setuid in out/'s layer (digests recomputed;

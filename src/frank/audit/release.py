@@ -60,15 +60,21 @@ class Release:
 
 
 def pinned_digests(lock: Lock, root: Path) -> set[str]:
-    """Every sha256 the lock pins, and those of the base's .debs lock it pins by hash."""
+    """Every sha256 the lock pins, and those of the files it pins by hash: the base's .debs
+    lock and the Python closure's pylock."""
     from frank.hashing import sha256_file
 
     text = json.dumps(lock.model_dump(mode="json"))
     found = set(_SHA.findall(text))
     name = str(lock.base_image.get("name", ""))
-    debs = root / "images" / f"{name}.debs.lock"
-    if name and debs.is_file() and sha256_file(debs) == lock.base_image.get("debs_lock_sha256"):
-        found |= set(_SHA.findall(debs.read_text(encoding="utf-8")))
+    files = [(root / "images" / f"{name}.debs.lock", lock.base_image.get("debs_lock_sha256"))]
+    closure = lock.python_closure or {}
+    if closure.get("file"):  # the pylock the lock pins by hash: the closure's wheels
+        files.append((root / str(closure["file"]), closure.get("sha256")))
+    for path, sha in files:
+        if sha and path.is_file() and path.resolve().is_relative_to(root.resolve()) and \
+                sha256_file(path) == sha:
+            found |= set(_SHA.findall(path.read_text(encoding="utf-8")))
     return found
 
 
@@ -95,7 +101,8 @@ def scratch_cache(lock: Lock, root: Path) -> Iterator[Release]:
     """FRANK_CACHE set to a scratch store of pinned downloads for the ``with`` body (the
     build's own ``BlobStore()`` calls land there); removed after."""
     real = BlobStore()
-    scratch = Path(tempfile.mkdtemp(prefix="release-", dir=real.root))
+    # under the store's tmp/: what a killed release leaves goes with the next first user
+    scratch = Path(tempfile.mkdtemp(prefix="release-", dir=real.tmp_dir))
     old = os.environ.get("FRANK_CACHE")
     try:
         release = Release(real, scratch)

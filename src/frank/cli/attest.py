@@ -66,7 +66,9 @@ def attest(target: str, key: Path | None, out: Path | None, trust_cache: bool,
         from frank.audit.auditor import stack_lock
         from frank.audit.release import derive_and_check
 
-        derive_and_check(layout, stack_lock(layout, root), root, what="attest it")
+        lock = stack_lock(layout, root)
+        if stack_digest is None or lock.digest == stack_digest:  # else: refused as stale
+            derive_and_check(layout, lock, root, what="attest it")
     summary = attest_layout(layout, private, root, out, stack=target, stack_digest=stack_digest)
     if as_json:
         emit_json(summary)
