@@ -1,7 +1,9 @@
 """Audit an OCI layout against a lock: read, merge, compare, report (and keep the verdict).
 
 The layers are read once (``frank.audit.layers``); what the image must hold comes from the
-lock and its plan (``frank.audit.expect``); ``frank.audit.checks`` compares. The layer blobs
+stack's lock in the repo and its plan (``frank.audit.expect``), the base from its pins
+(``frank.audit.base``); ``frank.audit.checks``, ``paths`` (bytecode, whiteouts) and
+``config`` compare. The layer blobs
 are not re-hashed against their digests here: ``frank run`` and ``verify`` do that every time
 (``image.verify``), and an image whose digests were all recomputed passes that check anyway;
 what the audit proves is the content.
@@ -10,24 +12,21 @@ what the audit proves is the content.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections import defaultdict
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from frank.audit.checks import Checker, config, cuda_summary, declared_archs
+from frank.audit.base import base_differences, derive_base
+from frank.audit.checks import Checker, cuda_summary, declared_archs
+from frank.audit.config import config_differences
 from frank.audit.cuda import CudaCode
 from frank.audit.expect import Expected, expected
 from frank.audit.layers import Entry, MergedView, read_image, read_large_cuda
-from frank.audit.report import (
-    AuditReport,
-    Cost,
-    Difference,
-    TargetReport,
-    load_record,
-    save_record,
-)
+from frank.audit.paths import bytecode_differences, whiteout_differences
+from frank.audit.report import AuditReport, Cost, Difference, TargetReport, save_record
 from frank.errors import FrankError
 from frank.image.oci import layout_blob_path, read_layout_blob, resolve_manifest
 from frank.resolve.lock import Lock
@@ -46,7 +45,7 @@ def audit_layout(layout: Path, lock: Lock | None, root: Path, *,
                  known: Mapping[str, list[Entry]] | None = None,
                  keep_known: bool = False) -> AuditReport:
     """Every difference between the image at ``layout`` and ``lock`` (repo at ``root``);
-    without a lock, the one the image carries.
+    without a lock, the repo's lock of the stack the image names (``stack_lock``).
 
     ``known``: layer digest -> the entries ``layers.TarReader`` read from the very bytes
     the build hashed into that digest as it wrote them (in its own worker, handed over
@@ -79,15 +78,18 @@ def audit_layout(layout: Path, lock: Lock | None, root: Path, *,
     sound -= set() if keep_known else set(mine)
     view = read_image(blobs, workers, {**mine, **kept})
     if lock is None:
-        lock = _carried(view, layout)
+        lock = stack_lock(layout, root)
     plan = build_plan(lock, root)
     want = expected(plan, lock, root, store)
-    diffs, base_layers = _base(manifest, lock, root, store)
+    base = derive_base(lock, root, store)  # from the repo's pins, never the cached base
+    diffs, base_layers = base_differences(view, manifest, base)
     read_large_cuda(view)
     _keep(store, view, descs, sound - set(kept))
     found, owned, base_dists = Checker(view, want, base_layers).run()
     diffs += found
-    diffs += config(want, image_config)
+    diffs += bytecode_differences(view, want, base_layers)
+    diffs += whiteout_differences(view, plan, lock, want, base_layers)
+    diffs += config_differences(plan, base.config, image_config)
     cuda, files = cuda_summary(view, owned, want.target, base_layers)
     diffs += declared_archs(want, files)
     target = None
@@ -165,50 +167,32 @@ def _on_target(view: MergedView, lock: Lock, want: Expected,
     return report, diffs
 
 
-def _base(manifest: dict[str, Any], lock: Lock, root: Path, store: BlobStore
-          ) -> tuple[list[Difference], int]:
-    """How many of the image's layers are its base's, checked against the pinned base."""
-    from frank.build.base import resolve_base
+def stack_lock(layout: Path, root: Path) -> Lock:
+    """The repo's lock of the stack the image names (``dev.frank.stack``): what an image given
+    as a layout is held to. The lock the image carries is never an expectation: a forged one
+    would vouch for itself (issue 53)."""
+    from frank.resolve.lock import read_lock
 
-    base = resolve_base(root / "images" / f"{lock.base_image['name']}.toml", store, quiet=True)
-    _, _, base_manifest = resolve_manifest(base.layout, base.digest)
-    want = [str(d.get("digest")) for d in base_manifest.get("layers") or []]
-    have = [str(d.get("digest")) for d in manifest.get("layers") or []]
-    diffs = []  # the layers themselves, not the base annotation (an engine writes its own)
-    for i, digest in enumerate(want):
-        if i >= len(have) or have[i] != digest:
-            diffs.append(Difference(part=f"base:{lock.base_image['name']}", path=f"layer {i}",
-                                    check="base layer", lock=digest,
-                                    image=have[i] if i < len(have) else "none"))
-    return diffs, len(want)
-
-
-def _carried(view: MergedView, layout: Path) -> Lock:
-    """The lock the merged image carries at ``/etc/frank/frank.lock``."""
-    from pydantic import ValidationError
-
-    from frank.image.spec import LOCK_IN_IMAGE
-
-    index = view.layer_of(LOCK_IN_IMAGE)
-    entry = view.get(LOCK_IN_IMAGE)
-    if index is None or entry is None or entry.kind != "file":
-        raise FrankError(f"not an image frank built: it holds no {LOCK_IN_IMAGE}", file=layout)
-    try:
-        return Lock.model_validate(json.loads(view.read(index, entry)))
-    except (ValueError, ValidationError) as exc:
-        raise FrankError(f"{LOCK_IN_IMAGE} in the image is not a frank lock ({exc})",
-                         file=layout) from None
+    _, _, manifest = resolve_manifest(layout)
+    name = str((manifest.get("annotations") or {}).get("dev.frank.stack") or "")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise FrankError("the image names no stack (annotation dev.frank.stack): give the "
+                         "stack instead of the layout", file=layout)
+    path = root / "stacks" / f"{name}.lock"
+    if not path.is_file():
+        raise FrankError(f"the image is of stack {name}, which has no lock in this repo "
+                         f"({path}): audit it where it was composed", file=layout)
+    return read_lock(path)
 
 
-def ensure_audited(layout: Path, lock: Lock | None, root: Path, *, what: str) -> AuditReport:
-    """The image's audit: the recorded one for its digest, or a new one (recorded when the
-    layout is a compose output). A failed audit refuses ``what`` with its first lines."""
-    digest, _, _ = resolve_manifest(layout)
-    report = load_record(layout, digest)
-    if report is None:
-        report = audit_layout(layout, lock, root)
-        if (Path(layout).parent / "plan.json").is_file():
-            save_record(report, Path(layout).parent)
+def ensure_audited(layout: Path, lock: Lock, root: Path, *, what: str) -> AuditReport:
+    """The image audited now against ``lock``, the stack's lock in the repo (issue 53): never
+    an ``audit.json``, which anyone who can write out/ can forge, nor the lock the image
+    carries. The new verdict is recorded when the layout is a compose output. A failed
+    audit refuses ``what`` with its first lines."""
+    report = audit_layout(layout, lock, root)
+    if (Path(layout).parent / "plan.json").is_file():
+        save_record(report, Path(layout).parent)
     if not report.ok:
         lines = report.lines()
         more = f" (and {len(lines) - 3} more; `frank audit {layout}`)" if len(lines) > 3 else ""

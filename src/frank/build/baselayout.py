@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -59,19 +60,19 @@ def layout_from_rootfs(rootfs: Path, store: BlobStore, out: Path, *, epoch: int,
     return layout_from_layer(store, out, w.digest, w.size, epoch=epoch, created_by=created_by)
 
 
-def layout_from_layer(store: BlobStore, out: Path, layer: str, size: int, *, epoch: int,
-                      created_by: str, architecture: str | None = None,
-                      cmd: tuple[str, ...] = ("/bin/bash",)) -> str:
-    """A one-layer OCI layout around an uncompressed layer blob already in the store."""
+def base_documents(layer: str, size: int, *, epoch: int, created_by: str,
+                   architecture: str | None = None,
+                   cmd: tuple[str, ...] = ("/bin/bash",)) -> tuple[bytes, bytes]:
+    """The config and manifest bytes of a one-layer base around ``layer``: a function of
+    its arguments only, so the audit and release mode derive a base's digest again from
+    its pinned inputs (``frank.audit.base``) exactly as it was made."""
     from frank.image.layer import LAYER_MEDIA_TYPE
     from frank.image.oci import (
         OCI_CONFIG,
-        OCI_INDEX,
         OCI_MANIFEST,
         _go_arch,
         canonical_json,
         epoch_to_rfc3339,
-        write_layout,
     )
 
     created = epoch_to_rfc3339(epoch)
@@ -83,13 +84,24 @@ def layout_from_layer(store: BlobStore, out: Path, layer: str, size: int, *, epo
         "history": [{"created": created, "created_by": created_by}],
     }
     config_raw = canonical_json(config)
-    config_digest = store.put_bytes(config_raw)
     manifest = {
         "schemaVersion": 2, "mediaType": OCI_MANIFEST,
-        "config": {"mediaType": OCI_CONFIG, "digest": config_digest, "size": len(config_raw)},
+        "config": {"mediaType": OCI_CONFIG, "digest": "sha256:" +
+                   hashlib.sha256(config_raw).hexdigest(), "size": len(config_raw)},
         "layers": [{"mediaType": LAYER_MEDIA_TYPE, "digest": layer, "size": size}],
     }
-    manifest_raw = canonical_json(manifest)
+    return config_raw, canonical_json(manifest)
+
+
+def layout_from_layer(store: BlobStore, out: Path, layer: str, size: int, *, epoch: int,
+                      created_by: str, architecture: str | None = None,
+                      cmd: tuple[str, ...] = ("/bin/bash",)) -> str:
+    """A one-layer OCI layout around an uncompressed layer blob already in the store."""
+    from frank.image.oci import OCI_INDEX, OCI_MANIFEST, canonical_json, write_layout
+
+    config_raw, manifest_raw = base_documents(layer, size, epoch=epoch, created_by=created_by,
+                                              architecture=architecture, cmd=cmd)
+    config_digest = store.put_bytes(config_raw)
     digest = store.put_bytes(manifest_raw)
     index = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": [
         {"mediaType": OCI_MANIFEST, "digest": digest, "size": len(manifest_raw)}]}

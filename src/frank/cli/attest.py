@@ -36,8 +36,12 @@ def layout_and_root(target: str) -> tuple[Path, Path | None, str | None]:
 @click.option("--out", "out", type=click.Path(path_type=Path, file_okay=False), default=None,
               help="Also write manifest.json, sbom.cdx.json, provenance.json and the two "
                    "*.dsse.json envelopes here (for cosign, scanners, people).")
+@click.option("--trust-cache", is_flag=True,
+              help="Skip release mode's check (the image made again from the lock's pins "
+                   "in a scratch store, docs/trust.md): trust what the cache built.")
 @json_option
-def attest(target: str, key: Path | None, out: Path | None, as_json: bool) -> None:
+def attest(target: str, key: Path | None, out: Path | None, trust_cache: bool,
+           as_json: bool) -> None:
     """Write STACK's (or LAYOUT's) SBOM and SLSA provenance, signed, as OCI referrers.
 
     Nothing in the image changes (its digest stays); the attestations are listed in the
@@ -58,6 +62,13 @@ def attest(target: str, key: Path | None, out: Path | None, as_json: bool) -> No
                              f"(or make {default_key()} with `frank keygen`)", field="--key")
     private = load_private_key(key)
     layout, root, stack_digest = layout_and_root(target)
+    if not trust_cache and root is not None:  # release mode: only what the lock pins
+        from frank.audit.auditor import stack_lock
+        from frank.audit.release import derive_and_check
+
+        lock = stack_lock(layout, root)
+        if stack_digest is None or lock.digest == stack_digest:  # else: refused as stale
+            derive_and_check(layout, lock, root, what="attest it")
     summary = attest_layout(layout, private, root, out, stack=target, stack_digest=stack_digest)
     if as_json:
         emit_json(summary)

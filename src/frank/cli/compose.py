@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -30,9 +31,13 @@ from frank.resolve.project import lock_stack, repo_root_for, stack_path
               type=click.Path(path_type=Path, file_okay=False),
               help="A folder of pinned files named by their sha256, consulted before the "
                    "network (also FRANK_MIRROR); for air-gapped builds.")
+@click.option("--release", is_flag=True,
+              help="Trust only bytes the lock pins: derive every layer, the base and the "
+                   "config again from the pinned downloads in a scratch store, compare with "
+                   "what the cache offers, drop what differs (docs/trust.md).")
 @json_option
 def compose(stack: str, out_dir: Path | None, locked: bool, builder: str,
-            mirrors: tuple[Path, ...], as_json: bool) -> None:
+            mirrors: tuple[Path, ...], release: bool, as_json: bool) -> None:
     """Resolve STACK, lock it, plan its layers, write the build context, build the image."""
     from rich.console import Console
 
@@ -54,35 +59,23 @@ def compose(stack: str, out_dir: Path | None, locked: bool, builder: str,
     built = None
     report = None
     audit_kept = False
+    findings: list[str] = []
     with staged_output(out) as stage:  # the old output stays whole until this one is
         with status(console, f"writing build context to {out}"):
             from frank.build.context import write_context
 
             write_context(plan, result.lock, root, stage)
         if builder != "none":
-            from frank.audit.auditor import audit_layout
-            from frank.audit.layers import TarReader
-            from frank.build.builder import build
+            if release:
+                from frank.audit.release import compare, scratch_cache
 
-            # each streamed layer's bytes are parsed for the audit as they are written
-            built = build(plan, root, stage, builder,  # type: ignore[arg-type]
-                          mirrors=mirrors, quiet=as_json, tap=TarReader)
-            from frank.audit.report import load_record, save_record
-
-            # an output already current is carried over, not written into the stage
-            audited = built.layout if (built.layout / "oci-layout").is_file() \
-                else out / "image"
-            # nothing built: the image is the one the last compose audited (same digest, its
-            # blobs hashed again by the output check), as run and push reuse that record
-            report = load_record(out / "image", built.digest) if built.layers_built == 0 \
-                else None
-            audit_kept = report is not None
-            if report is None:
-                with console.status("auditing the image against its lock"):
-                    report = audit_layout(audited, result.lock, root, known=built.tapped,
-                                          keep_known=True)
-            report = report.model_copy(update={"layout": str(out / "image")})
-            save_record(report, stage)
+                with scratch_cache(result.lock, root) as scratch:
+                    built, report, audit_kept = _build(plan, result, root, stage, out,
+                                                       builder, mirrors, as_json, console)
+                    findings = [f.line() for f in compare(scratch, built.layout)]
+            else:
+                built, report, audit_kept = _build(plan, result, root, stage, out, builder,
+                                                   mirrors, as_json, console)
     summary = {
         "stack": result.lock.stack, "lock": str(lock_file), "digest": result.lock.digest,
         "out": str(out), "engine": plan.engine.model_dump() if plan.engine else None,
@@ -97,10 +90,13 @@ def compose(stack: str, out_dir: Path | None, locked: bool, builder: str,
             "ok": report.ok, "differences": report.lines(), "seconds": report.cost.seconds,
             "cpu_seconds": report.cost.cpu_seconds, "files": report.cost.files,
             "record": str(out / "audit.json"), "kept": audit_kept},
+        "release": {"cache_differences": findings} if release else None,
     }
+    for line in findings:  # on stderr in both forms: a CI log shows the first difference
+        click.echo(line, err=True)
     if as_json:
         emit_json(summary)
-        if report is not None and not report.ok:
+        if (report is not None and not report.ok) or findings:
             sys.exit(1)
         return
     click.echo(f"{result.lock.stack}: {result.lock.digest}")
@@ -121,5 +117,35 @@ def compose(stack: str, out_dir: Path | None, locked: bool, builder: str,
                    f"{report.cost.seconds:.1f} s, {report.cost.cpu_seconds:.1f} s CPU; "
                    f"{'kept from the compose that built this digest; ' if audit_kept else ''}"
                    f"{out / 'audit.json'})")
-        if not report.ok:
-            sys.exit(1)
+    if release and built is not None:
+        said = f"differed: {len(findings)} record(s) dropped" if findings else "agrees"
+        click.echo("release: every layer, the base and the config derived from the lock's "
+                   f"pins; the cache {said}")
+    if (report is not None and not report.ok) or findings:
+        sys.exit(1)
+
+
+def _build(plan: Any, result: Any, root: Path, stage: Path, out: Path, builder: str,
+           mirrors: tuple[Path, ...], as_json: bool, console: Any) -> tuple[Any, Any, bool]:
+    """Build into ``stage`` and audit (or keep the audit of an unchanged image)."""
+    from frank.audit.auditor import audit_layout
+    from frank.audit.layers import TarReader
+    from frank.audit.report import load_record, save_record
+    from frank.build.builder import build
+
+    # each streamed layer's bytes are parsed for the audit as they are written
+    built = build(plan, root, stage, builder,  # type: ignore[arg-type]
+                  mirrors=mirrors, quiet=as_json, tap=TarReader)
+    # an output already current is carried over, not written into the stage
+    audited = built.layout if (built.layout / "oci-layout").is_file() else out / "image"
+    # nothing built: the image is the one the last compose audited (same digest, its
+    # blobs hashed again by the output check), as run and push reuse that record
+    report = load_record(out / "image", built.digest) if built.layers_built == 0 else None
+    audit_kept = report is not None
+    if report is None:
+        with console.status("auditing the image against its lock"):
+            report = audit_layout(audited, result.lock, root, known=built.tapped,
+                                  keep_known=True)
+    report = report.model_copy(update={"layout": str(out / "image")})
+    save_record(report, stage)
+    return built, report, audit_kept

@@ -45,8 +45,11 @@ def progress(line: str) -> None:
               show_default=True,
               help="Layer compression on the wire: zstd (containerd >= 1.5, Docker >= 23, "
                    "podman), gzip (any client), none (the layout's own uncompressed layers).")
+@click.option("--trust-cache", is_flag=True,
+              help="Skip release mode's check (the image made again from the lock's pins "
+                   "in a scratch store, docs/trust.md): trust what the cache built.")
 def push(stack: str, to: str, layout: Path | None, tags: tuple[str, ...],
-         cosign: bool, compression: str) -> None:
+         cosign: bool, compression: str, trust_cache: bool) -> None:
     """Push STACK's image to HOST/REPO by digest, then tag it: stack name, lock-<digest>.
 
     Attestations in the layout (`frank attest`) follow as referrers: through the registry's
@@ -77,8 +80,15 @@ def push(stack: str, to: str, layout: Path | None, tags: tuple[str, ...],
     if not layout.is_dir():
         raise FrankError("no composed image here; run frank compose first", file=layout)
     from frank.audit.auditor import ensure_audited
+    from frank.resolve.project import lock_stack
 
-    ensure_audited(layout, None, root, what="push it")
+    # against the stack's lock in the repo, never the image's own or an audit.json (issue 53)
+    lock = lock_stack(stack).lock
+    ensure_audited(layout, lock, root, what="push it")
+    if not trust_cache:  # release mode: only what the lock pins (docs/trust.md)
+        from frank.audit.release import derive_and_check
+
+        derive_and_check(layout, lock, root, what="push it")
     all_tags = list(dict.fromkeys([*default_tags(layout, stack), *tags]))
     check_repository(to)
     if compression != "none":  # before minutes of compression, a registry not there: one line

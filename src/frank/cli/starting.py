@@ -40,10 +40,13 @@ def runnable(target: str, what: str = "run it") -> tuple[VerifiedImage, dict[str
     if stack_digest is not None and image.lock_digest != stack_digest:
         raise FrankError(f"the image was built from lock {image.lock_digest}, the stack's lock "
                          f"is now {stack_digest} (run `frank compose {stack}`)", file=layout)
-    from frank.audit.auditor import ensure_audited
+    from frank.audit.auditor import ensure_audited, stack_lock
     from frank.resolve.project import repo_root_for
 
-    ensure_audited(layout, None, repo_root_for(Path(stack)) if stack and stack.endswith(".toml")
-                   else repo_root_for(None), what=what)
+    root = repo_root_for(Path(stack)) if stack and stack.endswith(".toml") \
+        else repo_root_for(None)
+    # against the stack's lock in the repo, never the image's own (issue 53)
+    ensure_audited(layout, locked.lock if locked else stack_lock(layout, root), root,
+                   what=what)
     lock = image_lock(image)
     return image, lock

@@ -29,7 +29,7 @@ from typing import IO, Any
 
 from frank.errors import FrankError
 from frank.image.oci import image_view
-from frank.run import launch
+from frank.run import launch, runcache
 from frank.run.container import RUN_CACHE_IN_CONTAINER, RunPlan, warm_mounts, warm_suffix
 from frank.run.enginecopy import differences, expected_tree, imported_again, refused, tree_of_dir
 from frank.run.reap import claimed, leftovers
@@ -226,6 +226,9 @@ class Runner:
         if self.plan.engine in ("buildah", "podman"):
             self._claim = claimed(self.plan.engine_args, self.plan.container)
             self._claim.__enter__()
+        if self.plan.run_cache and not runcache.prepare_pycache(Path(self.plan.run_cache)):
+            print("frank: the run cache's bytecode had no valid seal (issue 53): emptied it",
+                  file=sys.stderr, flush=True)
         if self.plan.engine == "docker":
             self._start_docker()
             return
@@ -272,6 +275,8 @@ class Runner:
         self._stop()
         self._drain()
         self._clean()
+        if self.plan.run_cache and self.proc is not None:
+            runcache.seal_pycache(Path(self.plan.run_cache))
 
     def _await_ready(self) -> None:
         assert self.proc is not None

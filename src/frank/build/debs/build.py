@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from frank.build.baselayout import BaseImage, cached_base, layout_from_layer
 from frank.image.layer import LAYER_FORMAT
@@ -59,12 +60,17 @@ def build_from_lock(lock: DebsLock, roots: dict[str, str], store: BlobStore, lay
     with status(console, "unpacking them into the base layer"), store.writer() as w:
         write_root([(p, paths[p.sha256]) for p in lock.packages], w,  # type: ignore[arg-type]
                    epoch=EPOCH, tmp_dir=store.tmp_dir)
+    return layout_from_layer(store, layout, w.digest, w.size, epoch=EPOCH,
+                             **base_meta(lock))
+
+
+def base_meta(lock: DebsLock) -> dict[str, Any]:
+    """The base's config fields besides its layer (``baselayout.base_documents``)."""
     arch = lock.recipe["arch"]
     shell = ("/bin/sh",) if any(p.name == "dash" for p in lock.packages) else ()
-    return layout_from_layer(
-        store, layout, w.digest, w.size, epoch=EPOCH, architecture=OCI_ARCH.get(arch, arch),
-        created_by=f"frank: {len(lock.packages)} pinned Debian packages "
-                   f"({lock.recipe['suite']}, {arch})", cmd=shell)
+    return {"architecture": OCI_ARCH.get(arch, arch), "cmd": shell,
+            "created_by": f"frank: {len(lock.packages)} pinned Debian packages "
+                          f"({lock.recipe['suite']}, {arch})"}
 
 
 def debs_base(src: DebsSource, image_file: Path, store: BlobStore, *, name: str,
