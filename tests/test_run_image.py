@@ -434,6 +434,21 @@ def answers(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
+def kill_all(mark: str) -> None:
+    """What a failed test left: the clients that name ``mark`` and all below them (the
+    engine's command line does not name it)."""
+    parents = {}
+    for p in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            parents[int(p.name)] = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    doomed = set(processes_mentioning(mark))
+    while grown := {pid for pid, up in parents.items() if up in doomed} - doomed:
+        doomed |= grown
+    for pid in doomed:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def start_tiny(built: dict[str, Path], mark: str) -> subprocess.Popen[str]:
     proc = subprocess.Popen([sys.executable, "-m", "frank", "run", "stacks/tiny.toml",
                              "--wait-ready", "60", "--env", f"FRANK_TEST_MARK={mark}"],
@@ -470,9 +485,7 @@ def test_a_run_killed_by_sigkill_takes_its_engine_container_and_mounts(
         assert frank_containers() == before
         assert mounts_below(root) <= mounts
     finally:
-        for pid in processes_mentioning(mark):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill_all(mark)
 
 
 @needs_buildah
@@ -499,6 +512,21 @@ def test_gc_stops_an_engine_whose_run_is_gone_and_removes_its_container(
         assert not processes_mentioning(mark) and not answers(port)
         assert frank_containers() == before
     finally:
-        for pid in processes_mentioning(mark):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill_all(mark)
+
+
+def test_an_audit_record_nested_100000_deep_is_audited_again(built: dict[str, Path]) -> None:
+    """Issue 53: a kept audit record nested deeper than the JSON reader copes with is no
+    record (the image is audited again), not a line that names no file."""
+    record = built["smoke-cpu"].parent / "audit.json"
+    saved = record.read_bytes() if record.exists() else None
+    record.write_text("[" * 100_000 + "]" * 100_000)
+    try:
+        result = frank("run", "stacks/smoke-cpu.toml", "--print", cwd=built["repo"])
+        assert result.returncode == 0, result.stderr
+        assert json.loads(record.read_text())["ok"] is True  # the new audit, recorded
+    finally:
+        if saved is None:
+            record.unlink(missing_ok=True)
+        else:
+            record.write_bytes(saved)
