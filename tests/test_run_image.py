@@ -163,8 +163,8 @@ def test_print_buildah_from_run_rm(built: dict[str, Path]) -> None:
     assert volumes[0].endswith(f"/run-cache/{digest}:/frank/cache")
     assert volumes[1:] == [f"{built['hub']}:/frank/hub:ro"]
     envs = [run[i + 1] for i, a in enumerate(run) if a == "--env"]
-    assert envs == ["EXTRA=1", "HF_HUB_CACHE=/frank/hub", "HF_HUB_OFFLINE=1",
-                    "PYTHONPYCACHEPREFIX=/frank/cache/pycache",
+    assert envs == ["EXTRA=1", f"FRANK_RUN={ctr}", "HF_HUB_CACHE=/frank/hub",
+                    "HF_HUB_OFFLINE=1", "PYTHONPYCACHEPREFIX=/frank/cache/pycache",
                     "VLLM_CACHE_ROOT=/frank/cache/vllm"]
     assert run[run.index(ctr):] == [ctr, "--", "python3", "/opt/frank/bin/frank-launch",
                                     "--lock", "/etc/frank/frank.lock", "--cache-dir",
@@ -434,6 +434,18 @@ def answers(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
+def holding(mark: str) -> list[int]:
+    """Processes that name ``mark`` in their command line (the engine's client, given it as
+    --env) or have it in their environment (everything in the container)."""
+    out = set(processes_mentioning(mark))
+    for p in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if p.name.isdigit() and mark.encode() in (p / "environ").read_bytes():
+                out.add(int(p.name))
+    out.discard(os.getpid())
+    return sorted(out)
+
+
 def kill_all(mark: str) -> None:
     """What a failed test left: the clients that name ``mark`` and all below them (the
     engine's command line does not name it)."""
@@ -441,7 +453,7 @@ def kill_all(mark: str) -> None:
     for p in Path("/proc").iterdir():
         with contextlib.suppress(OSError, IndexError, ValueError):
             parents[int(p.name)] = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
-    doomed = set(processes_mentioning(mark))
+    doomed = set(holding(mark))
     while grown := {pid for pid, up in parents.items() if up in doomed} - doomed:
         doomed |= grown
     for pid in doomed:
@@ -477,10 +489,10 @@ def test_a_run_killed_by_sigkill_takes_its_engine_container_and_mounts(
         assert answers(port) and processes_mentioning(mark)
         proc.kill()
         proc.wait()
-        gone_within(15, lambda: not processes_mentioning(mark), lambda: not answers(port),
+        gone_within(15, lambda: not holding(mark), lambda: not answers(port),
                     lambda: frank_containers() == before,
                     lambda: mounts_below(root) <= mounts)
-        assert not processes_mentioning(mark), "the engine outlived its frank run"
+        assert not holding(mark), "the engine outlived its frank run"
         assert not answers(port)
         assert frank_containers() == before
         assert mounts_below(root) <= mounts
@@ -504,12 +516,12 @@ def test_gc_stops_an_engine_whose_run_is_gone_and_removes_its_container(
         proc.kill()
         proc.wait()
         time.sleep(2)
-        assert answers(port) and processes_mentioning(mark)  # an orphan, still serving
+        assert answers(port) and holding(mark)  # an orphan, still serving
         result = frank("gc", "--keep-days", "100000", "--wait", "120", cwd=built["repo"],
                        timeout=300)
         assert result.returncode == 0, result.stderr
         assert "the engine of a run that was killed" in result.stdout, result.stdout
-        assert not processes_mentioning(mark) and not answers(port)
+        assert not holding(mark) and not answers(port)
         assert frank_containers() == before
     finally:
         kill_all(mark)

@@ -96,24 +96,50 @@ def entrypoint_pid(client: int) -> int | None:
     return None
 
 
+def session_members(sid: int) -> list[int]:
+    """Live processes of session ``sid``: a run's client is started in a session of its
+    own, which everything in its container inherits and keeps after the client is gone."""
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            with contextlib.suppress(OSError):
+                if os.getsid(int(p.name)) == sid and alive(int(p.name)):
+                    out.append(int(p.name))
+    return out
+
+
+def stop_processes(pids: list[int], grace: float) -> None:
+    """SIGTERM to each, then SIGKILL to those still alive after ``grace`` seconds (an
+    engine's launcher passes SIGTERM on; the engine gets it too and stops either way)."""
+    started = {pid: start_time(pid) for pid in pids}
+    _signal(pids, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while any(alive(p, s) for p, s in started.items()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    _signal([p for p, s in started.items() if alive(p, s)], signal.SIGKILL)
+
+
+def _signal(pids: list[int], signum: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+
+
 def stop_client(client: int, engine: str, grace: float, started: int | None = None) -> None:
     """Stop a container through its engine client as ``frank run`` does: SIGTERM to the
     image's entrypoint (buildah: the launcher, which stops the engine cleanly; ``buildah
     run`` itself would kill the container outright) or to the client (podman passes it on),
-    then, after ``grace`` seconds, SIGKILL to the client and everything under it."""
+    then, after ``grace`` seconds, SIGKILL to the client and everything under it. The
+    client leads a session of its own (``start_new_session``): where it is gone already
+    (killed by SIGPIPE once frank's end of its output closed), what is left of its session
+    (the container's processes, reparented) is stopped instead."""
     if not alive(client, started):
+        stop_processes(session_members(client), grace)
         return
     target = (entrypoint_pid(client) if engine == "buildah" else None) or client
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(target, signal.SIGTERM)
+    _signal([target], signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while alive(client, started) and time.monotonic() < deadline:
+    while (alive(client, started) or session_members(client)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    if not alive(client, started):
-        return
-    for pid in [*reversed(descendants(client)), client]:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 5
-    while alive(client, started) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    left = [*reversed(descendants(client)), client] if alive(client, started) else []
+    _signal([*left, *session_members(client)], signal.SIGKILL)

@@ -24,7 +24,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-from frank.run.procs import start_time, stop_client
+from frank.run.procs import stop_processes
 from frank.store.flock import opened, try_exclusive
 from frank.store.tmpdirs import mount_points
 
@@ -57,12 +57,15 @@ def claimed(engine_args: list[str], name: str) -> Iterator[None]:
 
 
 def _naming(name: str) -> list[int]:
-    """Live processes (not this one) whose command line names container ``name``."""
-    needle, out = name.encode(), []
+    """Live processes (not this one) that name container ``name``: in their command line
+    (its engine's client) or as ``FRANK_RUN`` in their environment (every process in it,
+    which outlives a client killed with its run)."""
+    needle, env, out = name.encode(), f"FRANK_RUN={name}\0".encode(), []
     for p in Path("/proc").iterdir():
         if p.name.isdigit() and int(p.name) != os.getpid():
             with contextlib.suppress(OSError):
-                if needle in (p / "cmdline").read_bytes():
+                if needle in (p / "cmdline").read_bytes() or \
+                        env in (p / "environ").read_bytes() + b"\0":
                     out.append(int(p.name))
     return out
 
@@ -98,8 +101,8 @@ def stale(engine_args: list[str]) -> list[str]:
 def orphans(engine_args: list[str]) -> dict[str, list[int]]:
     """Containers whose run is gone (nobody holds the run's lock) while their engine still
     serves: the run and its watchdog (``run.watchdog``) were both killed. Container ->
-    the clients that name it (``buildah run``, ``podman start``). Only runs that hold a
-    lock (buildah, podman) can be told from live ones."""
+    the processes that name it (``_naming``). Only runs that hold a lock (buildah,
+    podman) can be told from live ones."""
     found = {}
     for name in _containers(engine_args):
         if lock_path(engine_args, name) is not None and not _claimed(engine_args, name):
@@ -110,14 +113,12 @@ def orphans(engine_args: list[str]) -> dict[str, list[int]]:
 
 
 def stop_orphans(engine_args: list[str], *, dry_run: bool = False) -> list[str]:
-    """Stop each orphan's engine (``procs.stop_client``: SIGTERM, the grace, SIGKILL);
-    ``reap`` then removes its container. Their names."""
-    exe = Path(engine_args[0]).name
+    """Stop each orphan's processes (``procs.stop_processes``: SIGTERM, the grace,
+    SIGKILL); ``reap`` then removes its container. Their names."""
     found = orphans(engine_args)
     if not dry_run:
-        for clients in found.values():
-            for pid in clients:
-                stop_client(pid, exe, ORPHAN_GRACE_S, start_time(pid))
+        for pids in found.values():
+            stop_processes(pids, ORPHAN_GRACE_S)
     return list(found)
 
 
