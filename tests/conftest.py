@@ -21,20 +21,49 @@ def repo(tmp_path: Path) -> Path:
 
 
 TEST_CACHE = Path(__file__).resolve().parent.parent / ".cache" / "frank-test"
+# uv's cache for `frank lock` and the like: the repo's too, kept between runs (a session home
+# would start it cold in every session and every xdist worker)
+TEST_UV_CACHE = TEST_CACHE.parent / "uv-test"
+# The home the suite was started with: no test may see it (tests/test_own_caches.py).
+CALLER_HOME = os.environ.get("HOME", "")
+
+
+def _home(folder: Path) -> dict[str, str]:
+    return {"HOME": str(folder), "XDG_CONFIG_HOME": str(folder / ".config"),
+            "XDG_CACHE_HOME": str(folder / ".cache"), "XDG_DATA_HOME": str(folder / ".local/share"),
+            "XDG_STATE_HOME": str(folder / ".local/state")}
 
 
 @pytest.fixture(autouse=True, scope="session")
 def _answer_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Kept answers of `frank lock --check` and `frank diff` (frank.store.memo) go to a folder of
-    this test session, not the user's cache; every test still goes through them. The store
-    (FRANK_CACHE) is the repo's own test cache unless the caller names one (CI does): kept
-    between runs, so a second run builds nothing again, and never the user's ~/.cache/frank."""
-    os.environ.setdefault("FRANK_CACHE_DIR", str(tmp_path_factory.mktemp("frank-cache")))
-    os.environ.setdefault("FRANK_CACHE", str(TEST_CACHE))
+    """Nothing of the user's home: the session (its session and module fixtures, which build
+    shared images) gets a home of its own, with its XDG folders (a key `frank keygen` wrote,
+    ~/.cache, ~/.config are never seen). Kept answers of `frank lock --check` and `frank diff`
+    (frank.store.memo) go to a folder of this session. The store (FRANK_CACHE) is the repo's
+    own test cache, or FRANK_TEST_CACHE where the caller names one, never the caller's
+    FRANK_CACHE: kept between runs (and shared by xdist workers, whose session homes differ),
+    so a second run builds nothing again. uv's cache likewise (UV_CACHE_DIR wins)."""
+    os.environ.update(_home(tmp_path_factory.mktemp("home")))
+    os.environ["FRANK_CACHE_DIR"] = str(tmp_path_factory.mktemp("frank-cache"))
+    os.environ["FRANK_CACHE"] = os.environ.get("FRANK_TEST_CACHE") or str(TEST_CACHE)
+    os.environ.setdefault("UV_CACHE_DIR", str(TEST_UV_CACHE))
+    for var in ("FRANK_SIGNING_KEY", "FRANK_VERIFY_KEY"):  # the caller's keys, by name
+        os.environ.pop(var, None)
     # Commands under test say only their own words: with a cold cache a step of theirs runs
     # long enough for a progress line (frank.image.progress, tested on its own), which tests
     # that count an error's lines would take for a second line.
     os.environ.setdefault("FRANK_PROGRESS_AFTER", "3600")
+
+
+@pytest.fixture(autouse=True)
+def _own_home(tmp_path_factory: pytest.TempPathFactory,
+              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test its own home and XDG config folder (and so do the processes it starts,
+    which inherit them): what one test writes there (a key) no other test reads. Caches
+    (XDG_CACHE_HOME) stay the session's."""
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / ".config"))
 
 
 class _SessionDirs:

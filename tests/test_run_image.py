@@ -9,6 +9,7 @@ the test base is cached); anything that runs a container needs buildah.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -162,8 +163,8 @@ def test_print_buildah_from_run_rm(built: dict[str, Path]) -> None:
     assert volumes[0].endswith(f"/run-cache/{digest}:/frank/cache")
     assert volumes[1:] == [f"{built['hub']}:/frank/hub:ro"]
     envs = [run[i + 1] for i, a in enumerate(run) if a == "--env"]
-    assert envs == ["EXTRA=1", "HF_HUB_CACHE=/frank/hub", "HF_HUB_OFFLINE=1",
-                    "PYTHONPYCACHEPREFIX=/frank/cache/pycache",
+    assert envs == ["EXTRA=1", f"FRANK_RUN={ctr}", "HF_HUB_CACHE=/frank/hub",
+                    "HF_HUB_OFFLINE=1", "PYTHONPYCACHEPREFIX=/frank/cache/pycache",
                     "VLLM_CACHE_ROOT=/frank/cache/vllm"]
     assert run[run.index(ctr):] == [ctr, "--", "python3", "/opt/frank/bin/frank-launch",
                                     "--lock", "/etc/frank/frank.lock", "--cache-dir",
@@ -409,3 +410,135 @@ def test_an_engine_that_never_answers_is_stopped_at_the_deadline(built: dict[str
     assert time.monotonic() - start < 40
     assert frank_containers() == before
     assert not processes_mentioning(f"--port {lock['flags']['port']}")
+
+
+# --- issue 53: a run killed by SIGKILL takes its engine with it; gc stops orphans -------------
+
+def engine_root() -> str:
+    out = subprocess.run([sys.executable, "-c", "from frank.build.engines import get_engine; "
+                          "print(get_engine('buildah').root)"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    return out
+
+
+def mounts_below(root: str) -> set[str]:
+    """Mount points strictly below the engine storage's driver folder (a container's root);
+    the driver folder's own bind mount stays between runs."""
+    points = {line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()}
+    return {p for p in points if p.startswith(root + "/") and p.count("/") > root.count("/") + 1}
+
+
+def answers(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(1)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def holding(mark: str) -> list[int]:
+    """Processes that name ``mark`` in their command line (the engine's client, given it as
+    --env) or have it in their environment (everything in the container)."""
+    out = set(processes_mentioning(mark))
+    for p in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if p.name.isdigit() and mark.encode() in (p / "environ").read_bytes():
+                out.add(int(p.name))
+    out.discard(os.getpid())
+    return sorted(out)
+
+
+def kill_all(mark: str) -> None:
+    """What a failed test left: the clients that name ``mark`` and all below them (the
+    engine's command line does not name it)."""
+    parents = {}
+    for p in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            parents[int(p.name)] = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    doomed = set(holding(mark))
+    while grown := {pid for pid, up in parents.items() if up in doomed} - doomed:
+        doomed |= grown
+    for pid in doomed:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def start_tiny(built: dict[str, Path], mark: str) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, "-m", "frank", "run", "stacks/tiny.toml",
+                             "--wait-ready", "60", "--env", f"FRANK_TEST_MARK={mark}"],
+                            cwd=built["repo"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    wait_for_line(proc, "frank: ready: tiny image sha256:", 60)
+    return proc
+
+
+def gone_within(seconds: float, *checks: object) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not all(c() for c in checks):  # type: ignore[operator]
+        time.sleep(0.2)
+
+
+@needs_buildah
+def test_a_run_killed_by_sigkill_takes_its_engine_container_and_mounts(
+        built: dict[str, Path]) -> None:
+    """SIGKILL gives frank no chance to clean up: its watchdog (``run.watchdog``), which
+    sees frank's end of a pipe close, stops the engine and removes the container."""
+    port = json.loads((built["repo"] / "stacks/tiny.lock").read_text())["flags"]["port"]
+    root, mark = engine_root(), uuid.uuid4().hex
+    before, mounts = frank_containers(), mounts_below(engine_root())
+    proc = start_tiny(built, mark)
+    try:
+        assert answers(port) and processes_mentioning(mark)
+        proc.kill()
+        proc.wait()
+        gone_within(15, lambda: not holding(mark), lambda: not answers(port),
+                    lambda: frank_containers() == before,
+                    lambda: mounts_below(root) <= mounts)
+        assert not holding(mark), "the engine outlived its frank run"
+        assert not answers(port)
+        assert frank_containers() == before
+        assert mounts_below(root) <= mounts
+    finally:
+        kill_all(mark)
+
+
+@needs_buildah
+def test_gc_stops_an_engine_whose_run_is_gone_and_removes_its_container(
+        built: dict[str, Path]) -> None:
+    """The watchdog killed too (a whole session SIGKILLed): the engine is an orphan, named
+    by a live process, its run's lock held by nobody. gc stops it, then removes it."""
+    port = json.loads((built["repo"] / "stacks/tiny.lock").read_text())["flags"]["port"]
+    mark = uuid.uuid4().hex
+    before = frank_containers()
+    proc = start_tiny(built, mark)
+    try:
+        for pid in processes_mentioning("frank.run.watchdog"):
+            if str(proc.pid) in Path(f"/proc/{pid}/stat").read_text().split()[3:4]:
+                os.kill(pid, signal.SIGKILL)
+        proc.kill()
+        proc.wait()
+        time.sleep(2)
+        assert answers(port) and holding(mark)  # an orphan, still serving
+        result = frank("gc", "--keep-days", "100000", "--wait", "120", cwd=built["repo"],
+                       timeout=300)
+        assert result.returncode == 0, result.stderr
+        assert "the engine of a run that was killed" in result.stdout, result.stdout
+        assert not holding(mark) and not answers(port)
+        assert frank_containers() == before
+    finally:
+        kill_all(mark)
+
+
+def test_an_audit_record_nested_100000_deep_is_audited_again(built: dict[str, Path]) -> None:
+    """Issue 53: a kept audit record nested deeper than the JSON reader copes with is no
+    record (the image is audited again), not a line that names no file."""
+    record = built["smoke-cpu"].parent / "audit.json"
+    saved = record.read_bytes() if record.exists() else None
+    record.write_text("[" * 100_000 + "]" * 100_000)
+    try:
+        result = frank("run", "stacks/smoke-cpu.toml", "--print", cwd=built["repo"])
+        assert result.returncode == 0, result.stderr
+        assert json.loads(record.read_text())["ok"] is True  # the new audit, recorded
+    finally:
+        if saved is None:
+            record.unlink(missing_ok=True)
+        else:
+            record.write_bytes(saved)

@@ -498,3 +498,62 @@ def test_a_deadline_that_never_comes_is_refused(repo: Path, value: str) -> None:
     for args in (("run", "smoke-cpu", "--print", f"--wait-ready={value}"),
                  ("serve", "smoke-cpu", f"--ready-timeout={value}")):
         one_line_error(frank(*args, cwd=repo), "positive, finite number of seconds")
+
+
+# --- issue 53: a link anywhere a path enters may not lead out of the repo --------------------
+
+def _link_out(repo: Path, other: Path, rel: str) -> None:
+    """Replace ``rel`` in ``repo`` by a link to the same path in ``other``."""
+    target, link = other / rel, repo / rel
+    if link.is_dir():
+        shutil.rmtree(link)
+    elif link.exists():
+        link.unlink()
+    link.symlink_to(target)
+
+
+@pytest.mark.parametrize(("rel", "args", "needles"), [
+    ("stacks/sub", ("lock", "stacks/sub/smoke-cpu.toml"), ("stacks/sub/smoke-cpu.toml",)),
+    ("stacks/sub", ("compose", "stacks/sub/smoke-cpu.toml", "--builder", "none"),
+     ("stacks/sub/smoke-cpu.toml",)),
+    ("stacks/sub", ("lock", "--check", "stacks/sub/smoke-cpu.toml"),
+     ("stacks/sub/smoke-cpu.toml",)),
+    ("stacks/sub", ("revert", "--stack", "stacks/sub/smoke-cpu.toml", "patch-header"),
+     ("stacks/sub/smoke-cpu.toml",)),
+    ("parts/patch-header", ("check",), ("parts/patch-header/1.toml", "parts")),
+    ("parts/patch-header/app-header.patch", ("lock", "stacks/served-cpu.toml"),
+     ("parts/patch-header/1.toml", "file")),
+    ("plugins/region_cache", ("lock", "stacks/smoke-cpu.toml"),
+     ("parts/region-cache/1.toml", "package")),
+    ("out", ("compose", "stacks/smoke-cpu.toml", "--builder", "none"), ("out/smoke-cpu", "out")),
+], ids=["stacks-lock", "stacks-compose", "stacks-check", "stacks-revert", "part", "patch-file",
+        "source-folder", "out"])
+def test_a_link_out_of_the_repo_is_refused_where_it_enters(
+        repo: Path, tmp_path: Path, rel: str, args: tuple[str, ...],
+        needles: tuple[str, ...]) -> None:
+    """A folder or file of the repo that is a link into another repository: that one is
+    neither read for the stack nor written (its lock, out/, history), one line, exit 2."""
+    from tests.spine_helpers import copy_repo
+
+    other = copy_repo(tmp_path / "other")
+    (other / "out/smoke-cpu").mkdir(parents=True)
+    if rel == "stacks/sub":
+        (repo / rel).symlink_to(other / "stacks")
+    else:
+        _link_out(repo, other, rel)
+    before = snapshot(other)
+    one_line_error(refused_without_writing(repo, *args), "outside the repo", *needles)
+    assert snapshot(other) == before
+
+
+@pytest.mark.parametrize(("rel", "args"), [
+    ("stacks/smoke-cpu.history.jsonl", ("revert", "--stack", "stacks/smoke-cpu.toml", "--undo")),
+    ("stacks/.frank-journal.json", ("lock", "stacks/smoke-cpu.toml")),
+    ("stacks/served.lock", ("diff", "stacks/served.lock", "candidate")),
+], ids=["history", "journal", "lock"])
+def test_a_record_nested_100000_deep_is_one_line_naming_it(repo: Path, rel: str,
+                                                           args: tuple[str, ...]) -> None:
+    """Issue 53: a record frank reads (history, the journal, a lock) nested deeper than a
+    reader copes with: one line that names the file, not only how deep it is."""
+    (repo / rel).write_text(DEEP + "\n")
+    one_line_error(refused_without_writing(repo, *args), rel)

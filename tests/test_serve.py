@@ -134,3 +134,25 @@ def test_launcher_forwards_sigterm(repo: Path, hub: Path, tmp_path: Path) -> Non
     proc.terminate()
     assert proc.wait(timeout=30) == 0
     assert record.read_text() == "term"
+
+
+def test_an_engine_killed_by_sigterm_exits_143_not_241(repo: Path, hub: Path,
+                                                       tmp_path: Path) -> None:
+    """An engine that does not handle SIGTERM dies of it: the launcher (frank serve, and the
+    image's entrypoint) exits 128 + 15 as a shell would, not sys.exit(-15) = 241. One that
+    stops cleanly exits 0 (test_launcher_forwards_sigterm)."""
+    script = tmp_path / "plain.py"
+    script.write_text("import os, time\nopen(os.environ['RECORD'], 'w').write('up')\n"
+                      "time.sleep(60)\n")
+    (repo / "stacks/plain.toml").write_text(
+        f'extends = "smoke-cpu.toml"\ncommand = ["{sys.executable}", "{script}", "--model"]\n')
+    record = tmp_path / "up.txt"
+    env = {**os.environ, "HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1", "RECORD": str(record)}
+    proc = subprocess.Popen([sys.executable, "-m", "frank", "serve", "stacks/plain.toml"],
+                            cwd=repo, env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not record.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert record.exists()
+    proc.terminate()
+    assert proc.wait(timeout=30) == 143

@@ -197,3 +197,22 @@ def test_work_that_writes_runs_or_reads_a_fresh_file_is_not_kept(
         memo.answer("t", [name], work)
         assert not (cache / "answers").exists() or \
             len(list(cache.glob("answers/*.json"))) == 1, name
+
+
+def test_frank_cache_alone_keeps_answers_out_of_the_home_folder(
+        repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 53: with FRANK_CACHE set (and nothing else), `lock --check` and `diff` keep
+    their answers there; the home folder (watched: it must stay empty) gets nothing."""
+    home, store = tmp_path / "home", tmp_path / "store"
+    home.mkdir()
+    for var in ("FRANK_CACHE_DIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME",
+                "FRANK_NO_ANSWER_CACHE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("FRANK_CACHE", str(store))
+    settled()
+    for args in (("lock", "--check", "stacks/served.toml"), ("diff", "served", "candidate")):
+        result = frank(*args, cwd=repo)
+        assert result.code in (0, 1), result.err
+    assert sorted(home.rglob("*")) == []
+    assert len(list(store.glob("answers/*.json"))) == 2

@@ -731,3 +731,19 @@ def test_decide_refuses_an_arm_whose_starts_ran_two_images(smoke: Path) -> None:
     bad = [{**rows[0], "image": "latest"}]
     one_line_error(run_frank("trial", "record", "two", str(write_json(smoke / "b.json", bad)),
                              cwd=smoke), "starts[0].image", "not an image digest")
+
+
+def test_a_results_file_nested_100000_deep_is_one_line_naming_it(smoke: Path) -> None:
+    """Issue 53: a record frank reads, nested deeper than the JSON reader copes with."""
+    assert plan(smoke, "rc", "--blocks", "5").code == 0
+    deep = "[" * 100_000 + "]" * 100_000
+    (smoke / "deep.json").write_text(deep)
+    before = snapshot(smoke)
+    one_line_error(run_frank("trial", "record", "rc", str(smoke / "deep.json"), cwd=smoke),
+                   "deep.json", "nested too deeply")
+    results = smoke / "trials/rc.results.jsonl"
+    results.write_text(deep + "\n")
+    one_line_error(run_frank("trial", "decide", "rc", cwd=smoke), results.name,
+                   "nested too deeply")
+    results.unlink()
+    assert snapshot(smoke) == before

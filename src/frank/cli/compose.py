@@ -11,6 +11,7 @@ import click
 from frank.build.plan import build_plan
 from frank.cli.output import emit_json, json_option
 from frank.errors import FrankError
+from frank.fsutil import inside_repo
 from frank.history.repolock import repo_lock
 from frank.image.outdir import staged_output
 from frank.image.progress import status
@@ -56,6 +57,8 @@ def compose(stack: str, out_dir: Path | None, locked: bool, builder: str,
     root = result.resolved.root
     plan = build_plan(result.lock, root)
     out = (out_dir or root / "out" / result.lock.stack).absolute()
+    if out_dir is None:  # out/ or out/STACK linking into another tree: refused
+        inside_repo(root, out, file=f"out/{result.lock.stack}", field="out")
     built = None
     report = None
     audit_kept = False

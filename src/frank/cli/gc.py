@@ -24,8 +24,8 @@ def gc(keep_days: float, wait: float, dry_run: bool, as_json: bool) -> None:
     --keep-days. Runs with the cache to itself (other frank commands wait, or it waits for
     them), and says how much it freed. Images imported into frank's engine storage go too,
     unless referenced or run within --keep-days. Also removes what killed runs and builds
-    left: their containers (mounts included), frank's folders in /tmp, run roots of
-    deleted caches.
+    left: their engines still serving (stopped), their containers (mounts included),
+    frank's folders in /tmp, run roots of deleted caches.
     """
     from frank.fsutil import find_repo_root
     from frank.ship.gc import collect

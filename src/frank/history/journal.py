@@ -118,7 +118,7 @@ def recover(root: Path) -> bool:
         return False
     try:
         doc = json.loads(raw)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         raise FrankError("corrupt journal (not JSON); the files it named are as the "
                          "interrupted command left them: check them and delete it",
                          file=path) from None

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from frank.errors import FrankError
+from frank.errors import NESTED_TOO_DEEP, FrankError
 from frank.history.journal import Transaction
 from frank.history.revert import history_entry, history_path, lock_text, stage_stack_change
 from frank.model.catalog import Catalog
@@ -51,6 +51,8 @@ def read_history(stack_file: Path) -> list[dict[str, Any]]:
             doc = json.loads(line)
         except json.JSONDecodeError:
             raise FrankError(f"line {n} is not JSON", file=path) from None
+        except RecursionError:
+            raise FrankError(NESTED_TOO_DEEP, file=path, field=f"line {n}") from None
         if not isinstance(doc, dict) or not isinstance(doc.get("action"), str):
             raise FrankError(f"line {n} has no action", file=path)
         out.append(doc)

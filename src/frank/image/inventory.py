@@ -101,7 +101,7 @@ def _parse(raw: bytes, image: str) -> Inventory | None:
             return None
         dists = tuple(BaseDist(str(d["name"]), str(d["version"]), str(d["info"]),
                                tuple(str(f) for f in d["files"])) for d in doc["dists"])
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return None
     return Inventory(image=image, dists=dists, sha256=hashlib.sha256(raw).hexdigest())
 

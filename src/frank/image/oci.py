@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from frank.errors import FrankError
+from frank.errors import NESTED_TOO_DEEP, FrankError
 from frank.image.layer import build_layer
 from frank.image.progress import status
 from frank.image.spec import ImageSpec
@@ -77,6 +77,8 @@ def _json_file(path: Path, what: str) -> dict[str, Any]:
     except (ValueError, OSError) as exc:
         raise FrankError(f"corrupt OCI layout: {what} is not valid JSON ({exc})",
                          file=path) from None
+    except RecursionError:
+        raise FrankError(f"corrupt OCI layout: {what}: {NESTED_TOO_DEEP}", file=path) from None
     if not isinstance(doc, dict):
         raise FrankError(f"corrupt OCI layout: {what} is not a JSON object", file=path)
     return doc
@@ -611,7 +613,7 @@ def _output_is_current(out: Path, index_raw: bytes, blobs: list[str], record: Pa
             return False
         present = {p.name for p in (out / "blobs" / "sha256").iterdir()}
         return present == {d.split(":", 1)[1] for d in blobs}
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return False
 
 

@@ -99,7 +99,7 @@ def recover(out: Path) -> None:
             f".{out.name}.stage-")
     except FileNotFoundError:
         return
-    except (ValueError, KeyError, TypeError, OSError):
+    except (ValueError, KeyError, TypeError, OSError, RecursionError):
         swapped = False  # a record cut short: the exchange never started
         stage = out
     if swapped:

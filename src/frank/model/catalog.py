@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from frank.errors import FrankError
+from frank.fsutil import inside_repo
 from frank.hashing import sha256_file
 from frank.model.kinds import PART_ADAPTER
 from frank.model.tomlio import read_toml, validation_to_error
@@ -32,7 +33,9 @@ class Manifest:
 
 
 def load_manifest(path: Path, root: Path) -> Manifest:
-    """Parse and validate one manifest; its name and version must match its path."""
+    """Parse and validate one manifest; its name and version must match its path, which
+    links may not take out of the repo (``pin`` edits it, its paths are the repo's)."""
+    inside_repo(root, path, file=path, field="parts")
     raw = read_toml(path)
     try:
         part = PART_ADAPTER.validate_python(raw)

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from frank.errors import FrankError
+from frank.errors import NESTED_TOO_DEEP, FrankError
 from frank.fsutil import write_atomic
 from frank.hashing import sha256_bytes, sha256_json
 
@@ -511,7 +511,7 @@ def current(request: ClosureRequest, path: Path) -> bool:
     """Whether the pylock at ``path`` was resolved from exactly this request (offline)."""
     try:
         doc = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError):
         return False
     return bool(doc.get("tool", {}).get("frank", {}).get("request") == request.digest())
 
@@ -632,6 +632,8 @@ def load(path: Path, request: ClosureRequest) -> list[Wheel]:
                          file=path) from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise FrankError(f"not a valid pylock: {exc}", file=path) from None
+    except RecursionError:
+        raise FrankError(NESTED_TOO_DEEP, file=path) from None
     wheels = select_wheels(doc, request, file=path)
     _check_pins(wheels, request, path)
     _check_indexes(wheels, request)

@@ -42,6 +42,7 @@ from frank.run.warmcache import IN_CONTAINER as WARM_IN_CONTAINER
 from frank.store.tmpdirs import owned_name
 
 HUB_IN_CONTAINER = "/frank/hub"
+RUN_ENV = "FRANK_RUN"  # the container's name, in the environment of every process in it
 # A path engines accept as an image name (they name an image pulled from oci:PATH after PATH).
 _TAME = re.compile(r"(/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)+")
 _LOOPBACK = ("127.", "localhost", "::1")
@@ -242,7 +243,9 @@ def plan(image: VerifiedImage, lock: dict[str, Any], engine: Engine, *, w: Weigh
     for sub in ("pycache", "vllm"):
         (run_cache / sub).mkdir(parents=True, exist_ok=True)
     os.utime(run_cache)  # when this image last ran: ``frank gc`` keeps its import that long
-    defaults = {"PYTHONPYCACHEPREFIX": PYCACHE_IN_CONTAINER}
+    # The container's name in its processes' environment: ``frank gc`` finds an engine whose
+    # run and client are gone by it (``run.reap``), and ``run.watchdog`` need not find them
+    defaults = {"PYTHONPYCACHEPREFIX": PYCACHE_IN_CONTAINER, RUN_ENV: ctr}
     if "VLLM_CACHE_ROOT" not in (lock.get("env") or {}):  # the stack's own choice wins
         defaults["VLLM_CACHE_ROOT"] = VLLM_CACHE_IN_CONTAINER
     env = {**w.env, **defaults, **(warm_env or {}), **extra_env}

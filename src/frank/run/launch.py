@@ -316,7 +316,15 @@ def run(lock: dict[str, Any], *, print_only: bool, cache_dir: str | None, ready_
     if wait_ready(f"http://{host}:{port}/health", proc, ready_timeout):
         print(f"frank: ready: {lock['stack']} ({lock['digest']}) on http://{host}:{port}",
               file=sys.stderr, flush=True)
-    return proc.wait()
+    return exit_status(proc.wait())
+
+
+def exit_status(code: int) -> int:
+    """The launcher's exit status for the engine's: its own when it exited (0 when it
+    stopped cleanly on SIGTERM, as vLLM does), 128 + N when signal N killed it (an engine
+    that does not handle SIGTERM: 143), as a shell, Docker and Kubernetes report it. Popen
+    says -N; passed to sys.exit as it is, -15 would be 241, which reads as a failure."""
+    return 128 - code if code < 0 else code
 
 
 def fetch_only(lock: dict[str, Any], cache_dir: str | None) -> int:

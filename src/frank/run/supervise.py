@@ -32,14 +32,15 @@ from frank.image.oci import image_view
 from frank.run import launch, runcache
 from frank.run.container import RUN_CACHE_IN_CONTAINER, RunPlan, warm_mounts, warm_suffix
 from frank.run.enginecopy import differences, expected_tree, imported_again, refused, tree_of_dir
-from frank.run.reap import claimed, leftovers
+from frank.run.procs import descendants, entrypoint_pid
+from frank.run.reap import claimed, leftovers, lock_path
+from frank.run.watchdog import Watchdog
 from frank.store.tmpdirs import drop, hold, release
 
 STOP_GRACE_S = 20.0
 # What buildah itself says when the container exits non-zero: not the container's words.
 _ENGINE_NOISE = re.compile(r"subprocess exited (with status -?\d+|on \w+)|"
                            r"Error: (exit status -?\d+|signal: \w+)")
-_CHROOT_EXEC = "buildah-chroot-exec"
 # The launcher's own ready line inside the container (stack and lock digest only): frank run
 # prints one ready line instead, naming the image and the lock, each labelled.
 _LAUNCHER_READY = re.compile(r"frank: ready: \S+ \(sha256:[0-9a-f]{64}\) on \S+")
@@ -51,51 +52,6 @@ class _Interrupted(Exception):
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
         self.signum = signum
-
-
-def _children() -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = collections.defaultdict(list)
-    for p in Path("/proc").iterdir():
-        if p.name.isdigit():
-            try:
-                ppid = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            kids[ppid].append(int(p.name))
-    return kids
-
-
-def _argv0(pid: int) -> str:
-    try:
-        return (Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0")[0].decode()
-    except OSError:
-        return ""
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live process under ``pid``, parents before children."""
-    kids, out, todo = _children(), [], [pid]
-    while todo:
-        for child in kids.get(todo.pop(0), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def entrypoint_pid(client: int) -> int | None:
-    """The image's entrypoint process under a ``buildah run`` client, once it exists."""
-    for pid in descendants(client):
-        parent = _parent(pid)
-        if parent is not None and Path(_argv0(parent)).name == _CHROOT_EXEC:
-            return pid
-    return None
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        return int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def _passed(text: str, tail: collections.deque[str]) -> bool:
@@ -154,6 +110,7 @@ class Runner:
         self._claim: contextlib.AbstractContextManager[None] | None = None
         self.docker: Any = None  # the SDK's client, for engine docker
         self._view: int | None = None  # the held folder of the image's view (``link``)
+        self._watchdog: Watchdog | None = None  # stops the container if frank is killed
 
     def _signal(self, signum: int, _frame: FrameType | None) -> None:
         if self.proc is None and not self.cleaning:
@@ -226,6 +183,9 @@ class Runner:
         if self.plan.engine in ("buildah", "podman"):
             self._claim = claimed(self.plan.engine_args, self.plan.container)
             self._claim.__enter__()
+            lock = lock_path(self.plan.engine_args, self.plan.container)
+            self._watchdog = Watchdog(self.plan.engine, self.plan.cleanup, STOP_GRACE_S,
+                                      [lock] if lock else [])
         if self.plan.run_cache and not runcache.prepare_pycache(Path(self.plan.run_cache)):
             print("frank: the run cache's bytecode had no valid seal (issue 53): emptied it",
                   file=sys.stderr, flush=True)
@@ -238,6 +198,8 @@ class Runner:
         self._check_engine_copy()
         self.proc = subprocess.Popen(self.plan.run, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, start_new_session=True)
+        if self._watchdog is not None:
+            self._watchdog.watch(self.proc.pid)
         assert self.proc.stdout is not None and self.proc.stderr is not None
         outs = (self.output or sys.stdout.buffer, self.output or sys.stderr.buffer)
         self.pumps = [threading.Thread(target=_pump, args=(src, dest, self.tail), daemon=True)
@@ -364,6 +326,9 @@ class Runner:
         if self._claim is not None:
             self._claim.__exit__(None, None, None)
             self._claim = None
+        if self._watchdog is not None:
+            self._watchdog.stand_down()
+            self._watchdog = None
         # buildah keeps the imported image, named by its digest, for the next run (the
         # layout is verified before every run; the storage is the engine's, like its cache)
         if self.image_name and self.plan.engine != "buildah":

@@ -141,7 +141,7 @@ def reap_all(store_root: Path, *, dry_run: bool = False) -> list[str]:
     storage of the cache and in /tmp, mounts included (``dry_run``: only name them)."""
     from frank.run.reap import leftovers
 
-    return leftovers(storages(store_root), dry_run=dry_run, storage_mounts=True)
+    return leftovers(storages(store_root), dry_run=dry_run, storage_mounts=True, engines=True)
 
 
 def engine_images(store_root: Path, referenced: set[str], recent_run: Callable[[str], bool],

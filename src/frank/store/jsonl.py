@@ -13,7 +13,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from frank.errors import FrankError
+from frank.errors import NESTED_TOO_DEEP, FrankError
 from frank.fsutil import write_atomic
 from frank.model.tomlio import validation_to_error
 
@@ -32,6 +32,8 @@ def read_models(path: Path, model: type[M]) -> list[M]:
             raw = json.loads(line)
         except json.JSONDecodeError as exc:
             raise FrankError(f"not valid JSON: {exc.msg}", file=path, field=f"line {n}") from None
+        except RecursionError:
+            raise FrankError(NESTED_TOO_DEEP, file=path, field=f"line {n}") from None
         try:
             out.append(model.model_validate(raw))
         except ValidationError as exc:

@@ -18,7 +18,7 @@ again, with every check, and kept anew. Nothing that failed is kept (errors are 
 worked out), nor anything whose work wrote a file, started a program other than git for
 a tree, opened a network connection, or read a file changed while it ran.
 ``FRANK_NO_ANSWER_CACHE=1`` turns it off; answers live in ``$FRANK_CACHE_DIR`` (default
-``$XDG_CACHE_HOME/frank`` or ``~/.cache/frank``) under ``answers/``.
+``$FRANK_CACHE``, else ``$XDG_CACHE_HOME/frank`` or ``~/.cache/frank``) under ``answers/``.
 """
 
 from __future__ import annotations
@@ -130,9 +130,12 @@ def enabled() -> bool:
 
 
 def cache_dir() -> Path:
-    """Where kept answers live."""
+    """Where kept answers live: ``$FRANK_CACHE_DIR``, else frank's cache (``FRANK_CACHE``,
+    so that naming the cache alone keeps frank out of the home folder), else the user's."""
     if os.environ.get("FRANK_CACHE_DIR"):
         return Path(os.environ["FRANK_CACHE_DIR"]) / "answers"
+    if os.environ.get("FRANK_CACHE"):
+        return Path(os.environ["FRANK_CACHE"]) / "answers"
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
     return Path(base) / "frank" / "answers"
 

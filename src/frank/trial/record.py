@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from frank.errors import FrankError
+from frank.errors import NESTED_TOO_DEEP, FrankError
 from frank.trial.model import Trial, results_path
 from frank.trial.results import IMAGE_DIGEST, StartRecord, append, read_results
 
@@ -26,6 +26,8 @@ def _rows(src: Path) -> list[dict[str, Any]]:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise FrankError(f"not valid JSON: {exc.msg}", file=src) from None
+        except RecursionError:
+            raise FrankError(NESTED_TOO_DEEP, file=src) from None
         if isinstance(data, dict):
             data = data.get("starts")
         if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from frank.errors import FrankError, _display_path
+from frank.errors import NESTED_TOO_DEEP, FrankError, _display_path
 from frank.fsutil import write_atomic
 from frank.hashing import sha256_file
 from frank.model.imagefile import DebsSource
@@ -90,6 +90,8 @@ def read_lock(path: Path) -> DebsLock:
                          f"`{LOCK_COMMAND} {recipe}`", file=path) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise FrankError(f"not JSON: {exc}", file=path) from None
+    except RecursionError:
+        raise FrankError(NESTED_TOO_DEEP, file=path) from None
     try:
         return DebsLock.model_validate(raw)
     except ValidationError as exc:
