@@ -183,14 +183,16 @@ def test_stacks_over_the_closure_limit_are_reported_plan_only(built: tuple[Path,
     assert set(run.summary) == stacks
 
 
-def test_second_run_reuses_the_cache(built: tuple[Path, Run], registry: str,
+def test_second_run_derives_the_same_image_and_finds_the_cache_sound(built: tuple[Path, Run], registry: str,
                                      cache: Path) -> None:
     root, first = built
     assert first.code == 0, first.err
     again = run_ci(root, "smoke-cpu", cache=cache, registry=registry)
     assert again.code == 0, again.err
-    image = json.loads((root / "out" / "ci" / "smoke-cpu" / "compose.json").read_text())["image"]
-    assert image["layers_built"] == 0 and image["layers_reused"] >= 1, image
+    compose = json.loads((root / "out" / "ci" / "smoke-cpu" / "compose.json").read_text())
+    # release mode (issue 53): every layer is derived again from the lock's pins in a
+    # scratch store and compared with what the cache offers; the cache held no difference
+    assert compose["release"] == {"cache_differences": []}, compose["release"]
     assert again.summary["smoke-cpu"]["image"] == first.summary["smoke-cpu"]["image"]
     assert set(again.summary) == {"smoke-cpu"}
 

@@ -409,8 +409,9 @@ def test_an_image_that_keeps_a_removed_distribution_fails_the_audit(
     removal = next(x["index"] for x in plan["layers"] if x["name"] == "package:drop-gone")
     blobs = _blobs(layout)
     # the same image without the layer that takes frank-oi-gone out (index 0 is the base's)
+    named = {"dev.frank.stack": "pkgs"}  # a layout is held to its stack's lock in the repo
     wrong = write_layout(tmp_path / "wrong", [b.read_bytes() for i, b in enumerate(blobs)
-                                              if i != removal])
+                                              if i != removal], annotations=named)
     audit = frank("audit", str(wrong), "--json", cwd=repo)
     assert audit.code == 1, audit.out + audit.err
     report = json.loads(audit.out)
@@ -420,7 +421,7 @@ def test_an_image_that_keeps_a_removed_distribution_fails_the_audit(
     deps = next(x["index"] for x in plan["layers"]
                 if any(w["name"] == "frank-oi-beta" for w in x.get("wheels", [])))
     old = write_layout(tmp_path / "old-beta", [b.read_bytes() for i, b in enumerate(blobs)
-                                                if i != deps])
+                                                if i != deps], annotations=named)
     audit = frank("audit", str(old), "--json", cwd=repo)
     assert audit.code == 1, audit.out + audit.err
     lines = json.loads(audit.out)["differences"]

@@ -301,14 +301,36 @@ def _fake_skopeo(tmp_path: Path, manifest: str, answer: Path) -> Path:
 
 
 def _push_with(bin_dir: Path, repo: Path, to: str) -> Result:
-    # the fake layout has no layers (render reads only its lock digest): push refuses it
-    # unaudited, and these tests are about the push record
-    audit_recorded(repo / "out" / "served" / "image", "served")
+    """Push the fake layout (no layers: render reads only its lock digest) past the check
+    `frank push` makes first: since issue 53 push audits the image against the stack's lock
+    and derives it again, which a layout without layers never passes; these tests are about
+    what happens after (the push, its read-back, the record), in `push.send`."""
+    from frank.cli.push import send
+    from frank.errors import FrankError
+
     os.environ["PATH"] = f"{bin_dir}:{os.environ['PATH']}"
+    cwd = os.getcwd()
+    os.chdir(repo)
     try:
-        return frank("push", "--compression", "none", "served", "--to", to, cwd=repo)
+        send(repo, "served", repo / "out" / "served" / "image", to, (), True, "none")
+        return Result(0, "", "")
+    except FrankError as exc:
+        return Result(exc.exit_code, "", f"frank: error: {exc.one_line()}\n")
     finally:
+        os.chdir(cwd)
         os.environ["PATH"] = os.environ["PATH"].split(":", 1)[1]
+
+
+def test_push_of_an_image_of_no_real_content_is_refused(repo: Path) -> None:
+    """The push command's own check: the fake layout fails its audit against the stack's
+    lock, whatever an audit.json says (issue 53)."""
+    fake_layout(repo, "served", lock_digest(repo, "served"))
+    audit_recorded(repo / "out" / "served" / "image", "served")
+    res = frank("push", "--compression", "none", "served", "--to", "reg.example/x/y",
+                cwd=repo)
+    assert res.code != 0 and len(res.err.strip().splitlines()) == 1, res.err
+    assert "refusing to push it" in res.err or "frank: error:" in res.err
+    assert not (repo / "out" / "pushes.jsonl").exists()
 
 
 def test_push_reads_back_what_it_pushed_before_recording(repo: Path, tmp_path: Path) -> None:

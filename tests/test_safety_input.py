@@ -296,7 +296,7 @@ def test_extends_outside_the_repo_is_refused(repo: Path, where: str) -> None:
 
 # --- item 10: undecodable files and runaway chains ---------------------------------------------
 
-@pytest.mark.parametrize("rel", [SERVED, DATA, "images/bookworm-python.toml"])
+@pytest.mark.parametrize("rel", [SERVED, DATA, "images/bookworm-python-cc.toml"])  # served's base
 def test_invalid_utf8_is_one_line(repo: Path, rel: str) -> None:
     path = repo / rel
     path.write_bytes(path.read_bytes() + b"\n# \xff\xfe\n")

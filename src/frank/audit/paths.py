@@ -83,6 +83,22 @@ def _declared_gone(view: MergedView, plan: BuildPlan, lock: Lock, want: Expected
     return paths, folders
 
 
+def _only_gone(view: MergedView, below: int, folder: str, paths: set[str]) -> bool:
+    """Whether ``folder``, in the layers below ``below``, holds files and only files declared
+    gone (and their bytecode): a removed distribution's own package folder, whited out whole
+    as pip uninstall removes it (issue 54: an emptied folder still imports)."""
+    prefix = folder + "/"
+    found = False
+    for layer in view.layers[:below]:
+        for entry in layer.entries:
+            if not entry.path.startswith(prefix) or entry.kind in ("dir", "whiteout", "opaque"):
+                continue
+            if entry.path not in paths and "__pycache__" not in entry.path.split("/"):
+                return False
+            found = True
+    return found
+
+
 def whiteout_differences(view: MergedView, plan: BuildPlan, lock: Lock, want: Expected,
                          base_layers: int) -> list[Difference]:
     """Every whiteout in a frank layer that hides what no part declares gone."""
@@ -98,7 +114,8 @@ def whiteout_differences(view: MergedView, plan: BuildPlan, lock: Lock, want: Ex
             if layer.index not in cache:
                 cache[layer.index] = _declared_gone(view, plan, lock, want, layer.index)
             paths, folders = cache[layer.index]
-            if entry.kind == "whiteout" and target in paths:
+            if entry.kind == "whiteout" and (target in paths or _only_gone(
+                    view, layer.index, target, paths)):
                 continue
             if any(target == f or target.startswith(f + "/") for f in folders if f):
                 continue

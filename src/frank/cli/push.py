@@ -58,20 +58,7 @@ def push(stack: str, to: str, layout: Path | None, tags: tuple[str, ...],
     out/pushes.jsonl (lock digest, repository, the registry's digest): `frank render k8s`
     deploys exactly that.
     """
-    from frank.image.compress import Compression, image_form
-    from frank.image.oci import OCI_MANIFEST, read_layout, resolve_manifest
-    from frank.image.remote import (
-        LOCK_DIGEST_KEY,
-        check_repository,
-        default_tags,
-        push_layout,
-        tag_for_stack,
-    )
     from frank.resolve.project import repo_root_for, stack_path
-    from frank.ship.attest.layout import about, read_referrers
-    from frank.ship.attest.remote import Registry, push_cosign_tag, push_referrers
-    from frank.ship.pushes import PushRecord, record_push
-    from frank.store.blobs import BlobStore
 
     root = repo_root_for()
     if layout is None:
@@ -89,6 +76,27 @@ def push(stack: str, to: str, layout: Path | None, tags: tuple[str, ...],
         from frank.audit.release import derive_and_check
 
         derive_and_check(layout, lock, root, what="push it")
+    send(root, stack, layout, to, tags, cosign, compression)
+
+
+def send(root: Path, stack: str, layout: Path, to: str, tags: tuple[str, ...], cosign: bool,
+         compression: str) -> None:
+    """Push a layout already held to its stack's lock (``push`` checks it first), read it
+    back, attach its referrers and record the push."""
+    from frank.image.compress import Compression, image_form
+    from frank.image.oci import OCI_MANIFEST, read_layout, resolve_manifest
+    from frank.image.remote import (
+        LOCK_DIGEST_KEY,
+        check_repository,
+        default_tags,
+        push_layout,
+        tag_for_stack,
+    )
+    from frank.ship.attest.layout import about, read_referrers
+    from frank.ship.attest.remote import Registry, push_cosign_tag, push_referrers
+    from frank.ship.pushes import PushRecord, record_push
+    from frank.store.blobs import BlobStore
+
     all_tags = list(dict.fromkeys([*default_tags(layout, stack), *tags]))
     check_repository(to)
     if compression != "none":  # before minutes of compression, a registry not there: one line
