@@ -183,8 +183,8 @@ def test_stacks_over_the_closure_limit_are_reported_plan_only(built: tuple[Path,
     assert set(run.summary) == stacks
 
 
-def test_second_run_derives_the_same_image_and_finds_the_cache_sound(built: tuple[Path, Run], registry: str,
-                                     cache: Path) -> None:
+def test_second_run_derives_the_same_image_and_finds_the_cache_sound(
+        built: tuple[Path, Run], registry: str, cache: Path) -> None:
     root, first = built
     assert first.code == 0, first.err
     again = run_ci(root, "smoke-cpu", cache=cache, registry=registry)
