@@ -380,8 +380,9 @@ def test_an_unreachable_patch_url_stops_the_build_in_one_line(
     assert f"(sha256 {sha})" in lines[0] and f"put the file at $FRANK_MIRROR/{sha}" in lines[0]
     assert "build log:" in lines[0]
     # it stopped before the closure (4.2 GB): only the base's .debs and layer are there
+    # (served's base carries a C/C++ compiler since issue 52: a 343 MB layer, its .debs)
     blobs = [p.stat().st_size for p in (env_cache / "blobs" / "sha256").iterdir()]
-    assert sum(blobs) < 200_000_000, sum(blobs)
+    assert sum(blobs) < 600_000_000, sum(blobs)
 
 
 def test_a_package_part_may_only_override_or_remove(tmp_path: Path) -> None:

@@ -82,7 +82,9 @@ def audit_layout(layout: Path, lock: Lock | None, root: Path, *,
     plan = build_plan(lock, root)
     want = expected(plan, lock, root, store)
     base = derive_base(lock, root, store)  # from the repo's pins, never the cached base
-    diffs, base_layers = base_differences(view, manifest, base)
+    from frank.audit.config import engine_built
+
+    diffs, base_layers = base_differences(view, manifest, base, engine_built(image_config))
     read_large_cuda(view)
     _keep(store, view, descs, sound - set(kept))
     found, owned, base_dists = Checker(view, want, base_layers).run()

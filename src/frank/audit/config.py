@@ -49,6 +49,21 @@ def _shown(value: Any) -> str:
     return repr(value)
 
 
+# What a container engine writes into the config of an image it builds from frank's
+# Dockerfile (a step, `--builder buildah|docker`): the template's one ENV, with its fixed
+# value, and buildah's version label. Tolerated, never required; nothing else is.
+ENGINE_ENV = {"PIP_BREAK_SYSTEM_PACKAGES": "1"}
+ENGINE_LABELS = ("io.buildah.version",)
+
+
+def engine_built(image_config: dict[str, Any]) -> bool:
+    """Whether a container engine wrote this config (its label, or docker's fields)."""
+    cc = image_config.get("config") or {}
+    labels = cc.get("Labels") or {} if isinstance(cc, dict) else {}
+    return any(k in labels for k in ENGINE_LABELS) or "container_config" in image_config \
+        or "docker_version" in image_config
+
+
 def config_differences(plan: BuildPlan, base_config: dict[str, Any],
                        image_config: dict[str, Any]) -> list[Difference]:
     """Every field of the image's config that is not what the lock and base make."""
@@ -57,6 +72,15 @@ def config_differences(plan: BuildPlan, base_config: dict[str, Any],
     if not isinstance(have, dict):
         return [Difference(part="-", path="config", check="config object", lock="an object",
                            image=type(have).__name__)]
+    engine = engine_built(image_config)
+    if engine:
+        env = _env(list(have.get("Env") or []))
+        extra = [f"{k}={v}" for k, v in ENGINE_ENV.items()
+                 if env.get(k) == v and k not in _env(list(want.get("Env") or []))]
+        want = {**want, "Env": [*(want.get("Env") or []), *extra]}
+        labels = dict(have.get("Labels") or {})
+        want["Labels"] = {**dict(want.get("Labels") or {}),
+                          **{k: labels[k] for k in ENGINE_LABELS if k in labels}}
     out: list[Difference] = []
 
     def add(field: str, check: str, lock: Any, image: Any) -> None:
@@ -73,7 +97,8 @@ def config_differences(plan: BuildPlan, base_config: dict[str, Any],
             for key in sorted(set(we) | set(he)):
                 if we.get(key) != he.get(key):
                     add("Env", f"env {key}", we.get(key), he.get(key))
-            if we == he and list(w or []) != list(h or []):
+            if we == he and list(w or []) != list(h or []) and not engine:
+                # (an engine puts the template's ENV between the base's and frank's)
                 add("Env", "env order or a name given twice", w, h)
         elif field == "Labels" and isinstance(w, dict) and isinstance(h, dict):
             for key in sorted(set(w) | set(h)):
