@@ -89,7 +89,12 @@ def audit_layout(layout: Path, lock: Lock | None, root: Path, *,
     _keep(store, view, descs, sound - set(kept))
     found, owned, base_dists = Checker(view, want, base_layers).run()
     diffs += found
-    diffs += bytecode_differences(view, want, base_layers)
+    # an image a container engine built from frank's Dockerfile: any of its layers may have
+    # run python (a RUN, a pip uninstall), which writes the stdlib's bytecode
+    ran = frozenset(range(base_layers, len(view.layers))) if engine_built(image_config) \
+        else frozenset(base_layers + i for i, layer in enumerate(plan.layers)
+                       if layer.impure or layer.run)
+    diffs += bytecode_differences(view, want, base_layers, ran)
     diffs += whiteout_differences(view, plan, lock, want, base_layers)
     diffs += config_differences(plan, base.config, image_config)
     cuda, files = cuda_summary(view, owned, want.target, base_layers)

@@ -34,15 +34,22 @@ def is_bytecode(path: str) -> bool:
     return path.endswith(BYTECODE) or "__pycache__" in path.split("/")
 
 
-def bytecode_differences(view: MergedView, want: Expected, base_layers: int
-                         ) -> list[Difference]:
-    """Every bytecode file or cache folder a frank layer holds."""
+def bytecode_differences(view: MergedView, want: Expected, base_layers: int,
+                         ran: frozenset[int] = frozenset()) -> list[Difference]:
+    """Every bytecode file or cache folder a frank layer holds; ``ran``: the layers whose
+    commands ran in the image (a step's python writes the stdlib's bytecode as it starts):
+    noted, not refused."""
+    if ran:
+        want.notes.append(f"layers {', '.join(map(str, sorted(ran)))} ran commands in the "
+                          "image: bytecode they wrote is not refused")
     if want.unpredicted:
         want.notes.append("layers run commands in the image: bytecode they write is not "
                           "refused (pass pip --no-compile in such a step)")
         return []
     out = []
     for layer in view.layers[base_layers:]:
+        if layer.index in ran:
+            continue
         for entry in layer.entries:
             if entry.kind in ("whiteout", "opaque") or not is_bytecode(entry.path):
                 continue
