@@ -131,8 +131,10 @@ def _without_layer(built: Built, tmp_path: Path, holds: Callable[[list[str]], bo
     _, _, manifest = resolve_manifest(built.layout)
     config = json.loads(layout_blob_path(built.layout, manifest["config"]["digest"]).read_bytes())
     del config["history"]  # one entry per layer: the one taken out has no match
+    # the stack it names is kept: a layout is held to that stack's lock in the repo
     return write_layout(tmp_path / "wrong", [b.read_bytes() for i, b in enumerate(blobs)
-                                             if i != drop], config=config)
+                                             if i != drop], config=config,
+                        annotations=manifest.get("annotations"))
 
 
 def _compose_fails(built: Built, tmp_path: Path, manifest: str, old: str, new: str) -> str:

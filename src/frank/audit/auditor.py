@@ -182,6 +182,15 @@ def stack_lock(layout: Path, root: Path) -> Lock:
 
     _, _, manifest = resolve_manifest(layout)
     name = str((manifest.get("annotations") or {}).get("dev.frank.stack") or "")
+    if not name:  # an engine-built image (buildah) keeps it as a config label only; it only
+        # chooses which of the repo's locks the image is held to
+        cdig = str((manifest.get("config") or {}).get("digest", ""))
+        try:
+            labels = (json.loads(read_layout_blob(layout, cdig, "config")).get("config")
+                      or {}).get("Labels") or {}
+        except (ValueError, AttributeError):
+            labels = {}
+        name = str(labels.get("dev.frank.stack") or "") if isinstance(labels, dict) else ""
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
         raise FrankError("the image names no stack (annotation dev.frank.stack): give the "
                          "stack instead of the layout", file=layout)
