@@ -177,7 +177,8 @@ def test_stacks_over_the_closure_limit_are_reported_plan_only(built: tuple[Path,
         assert not any(layer["run"] for layer in plan["layers"])  # RUN-free: only too big
         assert "RUN " not in (cout / "context" / "Dockerfile").read_text()
         assert not (cout / "image").exists()
-    assert float(run.summary["served"]["detail"].split(" is ")[1].split()[0]) > 4
+    # served's wheels: 3.76 GB since flashinfer-cubin (448 MB) left its closure (issue 51)
+    assert float(run.summary["served"]["detail"].split(" is ")[1].split()[0]) > 3.5
     assert f"1 of {len(stacks)} stacks built and checked; {len(planned)} plan + context only" \
         in run.err
     assert set(run.summary) == stacks

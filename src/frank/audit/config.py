@@ -72,7 +72,10 @@ def config_differences(plan: BuildPlan, base_config: dict[str, Any],
     if not isinstance(have, dict):
         return [Difference(part="-", path="config", check="config object", lock="an object",
                            image=type(have).__name__)]
-    engine = engine_built(image_config)
+    # docker's export keeps no mark of its builder: the template's own ENV, at its one
+    # value, is the mark (harmless where a forger adds it; any other value still differs)
+    engine = engine_built(image_config) or any(
+        _env(list(have.get("Env") or [])).get(k) == v for k, v in ENGINE_ENV.items())
     if engine:
         env = _env(list(have.get("Env") or []))
         extra = [f"{k}={v}" for k, v in ENGINE_ENV.items()
