@@ -109,3 +109,28 @@ def test_every_field_of_an_entry_comes_back(tmp_path: Path) -> None:
     assert back == entry
     assert back.cuda is not None and entry.cuda is not None
     assert (back.cuda.sizes, back.cuda.hidden) == (entry.cuda.sizes, entry.cuda.hidden)
+
+
+def test_gc_removes_the_readings_of_the_blobs_it_removes(kept: tuple[BlobStore, str, list],
+                                                         tmp_path: Path) -> None:
+    """A kept reading is named by its blob's digest: gc drops it with the blob (and a
+    wheel's with the wheel), and keeps the reading of a blob the repo still references."""
+    from frank.ship.gc import collect
+    from frank.store.blobs import leave_users
+
+    store, digest, entries = kept
+    other = store.put_bytes(_layer({"opt/c.txt": b"kept\n"}))
+    keep_readings(store, {other: entries})
+    wheel = store.root / "audit-wheels" / f"{'ab' * 32}.json"
+    wheel.parent.mkdir()
+    wheel.write_text("{}")
+    repo = tmp_path / "repo"
+    (repo / "stacks").mkdir(parents=True)
+    (repo / "stacks" / "x.lock").write_text(f'layer = "{other}"\n')
+    store.ledger.save()
+    leave_users(store.root)  # this process's shared hold: gc waits for it
+    done = collect(store.root, repo, keep_days=0, wait=5)
+    records = sorted(p.name for p in (store.root / "audit-layers").iterdir())
+    assert records == [f"{other.split(':')[1]}.json"]
+    assert not store.has(digest) and store.has(other) and not wheel.exists()
+    assert done.removed.get("audit readings") == 2

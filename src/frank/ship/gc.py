@@ -221,6 +221,12 @@ def collect(store_root: Path, root: Path, *, keep_days: float, dry_run: bool = F
                 digest = json.loads(record.read_bytes())["record"]["digest"].split(":")[1]
                 if digest in gone or not (blob_dir / digest).exists():
                     drop(record, "layer records")
+        # the audit's kept readings (frank.audit.kept) of layer blobs and wheels gone: named
+        # by the blob's hex digest, of no use without it
+        for folder in ("audit-layers", "audit-wheels"):
+            for record in sorted((store_root / folder).glob("*.json")):
+                if record.stem in gone or not (blob_dir / record.stem).exists():
+                    drop(record, "audit readings")
         bases = current_bases(root)
         for made in sorted((store_root / "bases").glob("*")):
             key = made.name.split(".", 1)[0]
