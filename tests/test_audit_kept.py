@@ -61,7 +61,7 @@ def test_a_record_edited_in_place_is_not_used(kept: tuple[BlobStore, str, list])
     doc = json.loads(record.read_bytes())
     good = entries[0].sha256
     raw = record.read_bytes().replace(good.encode(), ("0" * 64).encode())
-    assert len(raw) == st.st_size and doc["data"][0][6] == good
+    assert len(raw) == st.st_size and doc["data"][6][0] == good  # the sha256 column
     record.write_bytes(raw)
     os.utime(record, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert kept_readings(store, [digest]) == {}
@@ -134,3 +134,25 @@ def test_gc_removes_the_readings_of_the_blobs_it_removes(kept: tuple[BlobStore, 
     assert records == [f"{other.split(':')[1]}.json"]
     assert not store.has(digest) and store.has(other) and not wheel.exists()
     assert done.removed.get("audit readings") == 2
+
+
+def test_a_derived_base_is_kept_by_its_debs_lock_and_code(tmp_path: Path) -> None:
+    """A [debs] base derived once is kept under its .debs lock's sha256 and the code that
+    makes it: read back while the ledger vouches for the record, never under full verify
+    (release mode derives it again), nor once the record was edited."""
+    from frank.audit.kept import base_key, keep_base, kept_base
+
+    store = BlobStore(tmp_path / "cache")
+    key = base_key("1" * 64)
+    assert key != base_key("2" * 64)
+    made = {"digest": "sha256:" + "a" * 64, "layers": ["sha256:" + "b" * 64],
+            "config": {"architecture": "amd64"}}
+    keep_base(store, key, made)
+    record = store.root / "audit-bases" / f"{key}.json"
+    _settled(record)
+    assert kept_base(store, key) == made
+    assert kept_base(BlobStore(store.root, full_verify=True), key) is None
+    st = record.stat()
+    record.write_bytes(record.read_bytes().replace(b"b" * 64, b"c" * 64))
+    os.utime(record, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert kept_base(store, key) is None
