@@ -156,3 +156,27 @@ def test_a_derived_base_is_kept_by_its_debs_lock_and_code(tmp_path: Path) -> Non
     record.write_bytes(record.read_bytes().replace(b"b" * 64, b"c" * 64))
     os.utime(record, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert kept_base(store, key) is None
+
+
+def test_run_verifies_through_the_ledger_and_still_sees_an_edit(tmp_path: Path) -> None:
+    """`frank run`'s verify with the ledger: a layer hashed once is not hashed again while
+    it holds still; one edited in place (same size and mtime) is hashed and refused."""
+    from frank.errors import FrankError
+    from frank.image.verify import verify_layout
+    from tests.oci_helpers import write_layout
+
+    layout = write_layout(tmp_path / "image", [_layer({"opt/a.txt": b"alpha\n"})])
+    [blob] = [p for p in (layout / "blobs/sha256").iterdir() if p.stat().st_size > 1024]
+    _settled(blob)
+    ledger = BlobStore(tmp_path / "cache").ledger
+    verify_layout(layout, ledger=ledger)
+    hashed = ledger.hashed
+    verify_layout(layout, ledger=ledger)
+    assert ledger.hashed == hashed == 1
+    st = blob.stat()
+    data = bytearray(blob.read_bytes())
+    data[600] ^= 0xFF  # inside opt/a.txt's data
+    blob.write_bytes(bytes(data))
+    os.utime(blob, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.raises(FrankError, match="changed after the image"):
+        verify_layout(layout, ledger=ledger)

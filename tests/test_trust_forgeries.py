@@ -515,9 +515,13 @@ def forge_kept_reading(cache: Path, layout: Path, i: int, suffix: str) -> None:
     blob_hex = Forger(layout).docs()[1]["layers"][i]["digest"].split(":")[1]
     record = cache / "audit-layers" / f"{blob_hex}.json"
     doc = json.loads(record.read_bytes())
-    paths, shas = doc["data"][0], doc["data"][6]  # columns: path, ..., sha256
-    [at] = [i for i, p in enumerate(paths) if p.endswith(suffix)]
-    shas[at] = "0" * 64
+    if doc["format"] == "frank-audit-kept-1":  # a row per entry: path, ..., sha256, ...
+        [row] = [r for r in doc["data"] if r[0].endswith(suffix)]
+        row[6] = "0" * 64
+    else:  # a column per field: paths, ..., sha256s, ...
+        paths, shas = doc["data"][0], doc["data"][6]
+        [at] = [i for i, p in enumerate(paths) if p.endswith(suffix)]
+        shas[at] = "0" * 64
     raw = json.dumps(doc, separators=(",", ":")).encode()
     record.write_bytes(raw)
     blob = layout / "blobs/sha256" / blob_hex
