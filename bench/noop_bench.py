@@ -106,16 +106,22 @@ def row(name: str, runs: list[tuple[float, float, dict]], goal: str,
             f"layers built {built}; {audit}; {goal}")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--stack", default="served")
-    ap.add_argument("--n", type=int, default=5)
+def bench_args(doc: str, stack: str, n: int) -> argparse.Namespace:
+    """--stack, --n, --cache (FRANK_CACHE by default; it must exist), --scratch, --results."""
+    ap = argparse.ArgumentParser(description=doc.split("\n")[0])
+    ap.add_argument("--stack", default=stack)
+    ap.add_argument("--n", type=int, default=n)
     ap.add_argument("--cache", type=Path, default=Path(os.environ.get("FRANK_CACHE", "")))
     ap.add_argument("--scratch", type=Path, default=None)
     ap.add_argument("--results", type=Path, default=None)
     args = ap.parse_args()
     if not str(args.cache) or not args.cache.is_dir():
         raise SystemExit("--cache (or FRANK_CACHE) must name a cache that holds the stack")
+    return args
+
+
+def main() -> None:
+    args = bench_args(__doc__ or "", "served", 5)
     scratch = Path(tempfile.mkdtemp(prefix="noop-bench-", dir=args.scratch))
     env = environment(args.cache)
     try:
@@ -163,13 +169,20 @@ def main() -> None:
         same = last[2]["image"]["digest"] == digest
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    head = (results_head(f"The developer's loop on {args.stack}", "noop_bench.py")
-            + f"Image digest: `{digest}` (again after every change was taken back: {same})\n\n"
-            "| step | wall (x the anchor) | CPU | notes |\n|---|---|---|---|\n")
-    table = head + "".join(f"| {a} | {b} | {c} | {d} |\n" for a, b, c, d in rows)
+    write_table(results_head(f"The developer's loop on {args.stack}", "noop_bench.py")
+                + f"Image digest: `{digest}` (again after every change was taken back: "
+                f"{same})\n\n", rows, args.results)
+
+
+def write_table(head: str, rows: list[tuple[str, str, str, str]], results: Path | None
+                ) -> None:
+    """Print the results table (step, wall, CPU, notes) under ``head``; write it to
+    ``results`` if given."""
+    table = head + "| step | wall (x the anchor) | CPU | notes |\n|---|---|---|---|\n" + \
+        "".join(f"| {a} | {b} | {c} | {d} |\n" for a, b, c, d in rows)
     print(table)
-    if args.results:
-        args.results.write_text(table)
+    if results:
+        results.write_text(table)
 
 
 if __name__ == "__main__":

@@ -61,7 +61,7 @@ def test_a_record_edited_in_place_is_not_used(kept: tuple[BlobStore, str, list])
     doc = json.loads(record.read_bytes())
     good = entries[0].sha256
     raw = record.read_bytes().replace(good.encode(), ("0" * 64).encode())
-    assert len(raw) == st.st_size and doc["data"][0][6] == good
+    assert len(raw) == st.st_size and doc["data"][6][0] == good  # the sha256 column
     record.write_bytes(raw)
     os.utime(record, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert kept_readings(store, [digest]) == {}
@@ -109,3 +109,74 @@ def test_every_field_of_an_entry_comes_back(tmp_path: Path) -> None:
     assert back == entry
     assert back.cuda is not None and entry.cuda is not None
     assert (back.cuda.sizes, back.cuda.hidden) == (entry.cuda.sizes, entry.cuda.hidden)
+
+
+def test_gc_removes_the_readings_of_the_blobs_it_removes(kept: tuple[BlobStore, str, list],
+                                                         tmp_path: Path) -> None:
+    """A kept reading is named by its blob's digest: gc drops it with the blob (and a
+    wheel's with the wheel), and keeps the reading of a blob the repo still references."""
+    from frank.ship.gc import collect
+    from frank.store.blobs import leave_users
+
+    store, digest, entries = kept
+    other = store.put_bytes(_layer({"opt/c.txt": b"kept\n"}))
+    keep_readings(store, {other: entries})
+    wheel = store.root / "audit-wheels" / f"{'ab' * 32}.json"
+    wheel.parent.mkdir()
+    wheel.write_text("{}")
+    repo = tmp_path / "repo"
+    (repo / "stacks").mkdir(parents=True)
+    (repo / "stacks" / "x.lock").write_text(f'layer = "{other}"\n')
+    store.ledger.save()
+    leave_users(store.root)  # this process's shared hold: gc waits for it
+    done = collect(store.root, repo, keep_days=0, wait=5)
+    records = sorted(p.name for p in (store.root / "audit-layers").iterdir())
+    assert records == [f"{other.split(':')[1]}.json"]
+    assert not store.has(digest) and store.has(other) and not wheel.exists()
+    assert done.removed.get("audit readings") == 2
+
+
+def test_a_derived_base_is_kept_by_its_debs_lock_and_code(tmp_path: Path) -> None:
+    """A [debs] base derived once is kept under its .debs lock's sha256 and the code that
+    makes it: read back while the ledger vouches for the record, never under full verify
+    (release mode derives it again), nor once the record was edited."""
+    from frank.audit.kept import base_key, keep_base, kept_base
+
+    store = BlobStore(tmp_path / "cache")
+    key = base_key("1" * 64)
+    assert key != base_key("2" * 64)
+    made = {"digest": "sha256:" + "a" * 64, "layers": ["sha256:" + "b" * 64],
+            "config": {"architecture": "amd64"}}
+    keep_base(store, key, made)
+    record = store.root / "audit-bases" / f"{key}.json"
+    _settled(record)
+    assert kept_base(store, key) == made
+    assert kept_base(BlobStore(store.root, full_verify=True), key) is None
+    st = record.stat()
+    record.write_bytes(record.read_bytes().replace(b"b" * 64, b"c" * 64))
+    os.utime(record, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert kept_base(store, key) is None
+
+
+def test_run_verifies_through_the_ledger_and_still_sees_an_edit(tmp_path: Path) -> None:
+    """`frank run`'s verify with the ledger: a layer hashed once is not hashed again while
+    it holds still; one edited in place (same size and mtime) is hashed and refused."""
+    from frank.errors import FrankError
+    from frank.image.verify import verify_layout
+    from tests.oci_helpers import write_layout
+
+    layout = write_layout(tmp_path / "image", [_layer({"opt/a.txt": b"alpha\n"})])
+    [blob] = [p for p in (layout / "blobs/sha256").iterdir() if p.stat().st_size > 1024]
+    _settled(blob)
+    ledger = BlobStore(tmp_path / "cache").ledger
+    verify_layout(layout, ledger=ledger)
+    hashed = ledger.hashed
+    verify_layout(layout, ledger=ledger)
+    assert ledger.hashed == hashed == 1
+    st = blob.stat()
+    data = bytearray(blob.read_bytes())
+    data[600] ^= 0xFF  # inside opt/a.txt's data
+    blob.write_bytes(bytes(data))
+    os.utime(blob, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.raises(FrankError, match="changed after the image"):
+        verify_layout(layout, ledger=ledger)

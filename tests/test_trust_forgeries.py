@@ -500,3 +500,51 @@ def test_push_derives_the_image_again_unless_told_to_trust_the_cache(
     trusted = frank("push", "smoke-cpu", "--to", "127.0.0.1:9/forged", "--trust-cache",
                     cwd=repo, cache=cache)
     assert trusted.returncode != 0 and "refusing" not in trusted.stderr, trusted.stderr
+
+
+def forge_kept_reading(cache: Path, layout: Path, i: int, suffix: str) -> None:
+    """The audit's kept reading of layer ``i`` (``frank.audit.kept``) says the file ending in
+    ``suffix`` has other bytes, and the stat ledger vouches for that record and for the
+    layout's blob: a reading forged consistently."""
+    import hashlib
+    import time
+
+    from frank.store.blobs import BlobStore, leave_users
+    from frank.store.ledger import coarse_ns
+
+    blob_hex = Forger(layout).docs()[1]["layers"][i]["digest"].split(":")[1]
+    record = cache / "audit-layers" / f"{blob_hex}.json"
+    doc = json.loads(record.read_bytes())
+    if doc["format"] == "frank-audit-kept-1":  # a row per entry: path, ..., sha256, ...
+        [row] = [r for r in doc["data"] if r[0].endswith(suffix)]
+        row[6] = "0" * 64
+    else:  # a column per field: paths, ..., sha256s, ...
+        paths, shas = doc["data"][0], doc["data"][6]
+        [at] = [i for i, p in enumerate(paths) if p.endswith(suffix)]
+        shas[at] = "0" * 64
+    raw = json.dumps(doc, separators=(",", ":")).encode()
+    record.write_bytes(raw)
+    blob = layout / "blobs/sha256" / blob_hex
+    while coarse_ns() <= max(record.stat().st_ctime_ns, blob.stat().st_ctime_ns):
+        time.sleep(0.002)
+    store = BlobStore(cache)
+    store.ledger.note(record, hashlib.sha256(raw).hexdigest())
+    store.ledger.note(blob, blob_hex)
+    store.ledger.save()
+    leave_users(cache)
+
+
+@pytest.mark.slow
+def test_release_mode_never_uses_a_kept_reading(world: tuple[Path, Path]) -> None:
+    """A kept reading forged consistently (record and ledger) is what the default audit
+    sees (it names the file), and what push in release mode never sees: it reads the layer
+    itself, passes, derives the image again and goes on to the registry (here none)."""
+    repo, cache = world
+    layout = out_layout(repo)
+    forge_kept_reading(cache, layout, layer_index(Forger(layout), "plugin:region-cache"),
+                       "region_cache/__init__.py")
+    audit = frank("audit", STACK, cwd=repo, cache=cache)
+    refused(audit, "region_cache/__init__.py")
+    pushed = _push(repo, cache)
+    assert pushed.returncode != 0 and "refusing" not in pushed.stderr, pushed.stderr
+    assert "127.0.0.1:9" in pushed.stdout + pushed.stderr

@@ -81,13 +81,14 @@ def audit_layout(layout: Path, lock: Lock | None, root: Path, *,
         lock = stack_lock(layout, root)
     plan = build_plan(lock, root)
     want = expected(plan, lock, root, store)
-    base = derive_base(lock, root, store)  # from the repo's pins, never the cached base
+    # from the repo's pins, never the cached base
+    base = derive_base(lock, root, store, have=[str(d.get("digest", "")) for d in descs])
     from frank.audit.config import engine_built
 
     diffs, base_layers = base_differences(view, manifest, base, engine_built(image_config))
     read_large_cuda(view)
     _keep(store, view, descs, sound - set(kept))
-    found, owned, base_dists = Checker(view, want, base_layers).run()
+    found, owned, base_dists = Checker(view, want, base_layers, store=store).run()
     diffs += found
     # an image a container engine built from frank's Dockerfile: any of its layers may have
     # run python (a RUN, a pip uninstall), which writes the stdlib's bytecode
@@ -201,12 +202,16 @@ def stack_lock(layout: Path, root: Path) -> Lock:
     return read_lock(path)
 
 
-def ensure_audited(layout: Path, lock: Lock, root: Path, *, what: str) -> AuditReport:
+def ensure_audited(layout: Path, lock: Lock, root: Path, *, what: str,
+                   release: bool = False) -> AuditReport:
     """The image audited now against ``lock``, the stack's lock in the repo (issue 53): never
     an ``audit.json``, which anyone who can write out/ can forge, nor the lock the image
-    carries. The new verdict is recorded when the layout is a compose output. A failed
-    audit refuses ``what`` with its first lines."""
-    report = audit_layout(layout, lock, root)
+    carries. ``release``: every layer read in full, no kept reading, kept base or stat
+    ledger used (docs/trust.md: an untrusted writer of the cache can forge all three). The
+    new verdict is recorded when the layout is a compose output. A failed audit refuses
+    ``what`` with its first lines."""
+    report = audit_layout(layout, lock, root,
+                          store=BlobStore(full_verify=True) if release else None)
     if (Path(layout).parent / "plan.json").is_file():
         save_record(report, Path(layout).parent)
     if not report.ok:

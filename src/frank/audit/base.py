@@ -62,8 +62,12 @@ class _Sink:
 
 
 def derive_base(lock: Lock, root: Path, store: BlobStore,
-                mirrors: Iterable[Path] = ()) -> DerivedBase:
-    """The base ``lock`` names, from the repo's image file and its pins alone."""
+                mirrors: Iterable[Path] = (), *, have: list[str] | None = None) -> DerivedBase:
+    """The base ``lock`` names, from the repo's image file and its pins alone. A [debs]
+    base derived before from the same .debs lock by the same code is kept
+    (``frank.audit.kept``, vouched by the stat ledger; never under FRANK_VERIFY=full):
+    unless ``have``, the image's base layer digests, differ from it, when it is made
+    again to name the paths that differ."""
     from frank.model.imagefile import load_image_file
 
     name = str(lock.base_image["name"])
@@ -74,12 +78,12 @@ def derive_base(lock: Lock, root: Path, store: BlobStore,
         raise FrankError(f"images/{name}.toml is not the one the lock pins (run `frank lock`)",
                          file=path)
     if img.debs is not None:
-        return _debs(lock, name, path, img.debs, store, mirrors)
+        return _debs(lock, name, path, img.debs, store, mirrors, have)
     return _pinned_ref(name, path, img.ref or "", store)
 
 
 def _debs(lock: Lock, name: str, path: Path, src: Any, store: BlobStore,
-          mirrors: Iterable[Path]) -> DerivedBase:
+          mirrors: Iterable[Path], have: list[str] | None) -> DerivedBase:
     from frank.build.baselayout import base_documents
     from frank.build.debs.build import EPOCH, base_meta, pinned_debs
     from frank.build.debs.rootfs import write_root
@@ -91,6 +95,15 @@ def _debs(lock: Lock, name: str, path: Path, src: Any, store: BlobStore,
     if lock.base_image.get("debs_lock_sha256") not in (None, sha):
         raise FrankError(f"images/{name}.debs.lock is not the one the lock pins "
                          "(run `frank lock`)", file=path.with_suffix(".debs.lock"))
+    from frank.audit.kept import base_key, keep_base, kept_base
+
+    key = base_key(sha)
+    kept = kept_base(store, key)
+    if kept is not None and (have is None or kept["layers"] == have[:len(kept["layers"])]):
+        # the same .debs lock made this base before, with this code: the layer digest is
+        # what it was (a base that differs from the image's is made again, to name paths)
+        return DerivedBase(name, str(kept["digest"]), [str(x) for x in kept["layers"]],
+                           kept["config"], None, f"{len(debs.packages)} pinned .debs")
     fetcher = Fetcher(BlobStore(store.root, full_verify=True), tuple(mirrors))
     paths = fetcher.fetch_all(pinned_debs(debs, archive_roots(src)))
     sink = _Sink()
@@ -98,9 +111,12 @@ def _debs(lock: Lock, name: str, path: Path, src: Any, store: BlobStore,
                epoch=EPOCH, tmp_dir=store.tmp_dir)
     layer = "sha256:" + sink.hash.hexdigest()
     config_raw, manifest_raw = base_documents(layer, sink.size, epoch=EPOCH, **base_meta(debs))
-    return DerivedBase(name, "sha256:" + hashlib.sha256(manifest_raw).hexdigest(), [layer],
+    made = DerivedBase(name, "sha256:" + hashlib.sha256(manifest_raw).hexdigest(), [layer],
                        json.loads(config_raw), [sink.reader.close()],
                        f"{len(debs.packages)} pinned .debs")
+    keep_base(store, key, {"digest": made.digest, "layers": made.layers,
+                           "config": made.config})
+    return made
 
 
 def _pinned_ref(name: str, path: Path, ref: str, store: BlobStore) -> DerivedBase:

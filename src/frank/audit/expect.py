@@ -290,6 +290,17 @@ def _patched(want: Expected, layer: PlanLayer, plan: BuildPlan, root: Path,
         text = fetcher.fetch(Pinned(step.source, step.sha256)).read_text(encoding="utf-8")
     else:
         text = (root / step.source).read_text(encoding="utf-8")
+    from frank.audit.kept import keep_patch, kept_patch, patch_key
+
+    key = patch_key(step.model_dump(mode="json"), text)
+    kept = kept_patch(store, key) if step.engine_wheel is not None else None
+    if kept is not None:  # the same patch applied to the same pinned wheel by the same code
+        want.files += [WantFile(f"{want.site}/{rel}", sha, step.part, f"patched by {step.part}")
+                       for rel, sha in kept["changed"]]
+        want.files += [WantFile(path, sha, step.part, f"placed by {step.part}")
+                       for path, sha in kept["placed"]]
+        want.deleted += [(f"{want.site}/{rel}", step.part) for rel in kept["deleted"]]
+        return
     with tempfile.TemporaryDirectory(prefix="frank-audit-patch-") as tmp:
         site = Path(tmp) / "site"
         if step.engine_wheel is None:
@@ -306,18 +317,17 @@ def _patched(want: Expected, layer: PlanLayer, plan: BuildPlan, root: Path,
             result = apply_to_wheel(text, wheel, site, label=layer.name,
                                     log=Path(tmp) / "log", destinations=step.destinations,
                                     image_root=Path(tmp) / "image")
-        for rel in result.changed:
-            want.files.append(WantFile(f"{want.site}/{rel}", sha256_file(site / rel),
-                                       step.part, f"patched by {step.part}"))
-        _placed_files(want, result.placed, Path(tmp) / "image", step.part)
+        changed = [(rel, sha256_file(site / rel)) for rel in result.changed]
+        placed = [(path.lstrip("/"), sha256_file(Path(tmp) / "image" / path.lstrip("/")))
+                  for path in result.placed]
+    want.files += [WantFile(f"{want.site}/{rel}", sha, step.part, f"patched by {step.part}")
+                   for rel, sha in changed]
+    want.files += [WantFile(path, sha, step.part, f"placed by {step.part}")
+                   for path, sha in placed]
     want.deleted += [(f"{want.site}/{rel}", step.part) for rel in result.deleted]
-
-
-def _placed_files(want: Expected, placed: list[str], image_root: Path, part: str) -> None:
-    """A patch's new files outside the engine's packages, at their declared destinations."""
-    for path in placed:
-        want.files.append(WantFile(path.lstrip("/"), sha256_file(image_root / path.lstrip("/")),
-                                   part, f"placed by {part}"))
+    if step.engine_wheel is not None:
+        keep_patch(store, key, {"changed": changed, "placed": placed,
+                                "deleted": list(result.deleted)})
 
 
 def _step_removals(want: Expected, locked: LockedPart) -> None:

@@ -32,7 +32,7 @@ from frank.audit.cuda import CudaCode
 from frank.audit.layers import Entry
 from frank.store.blobs import BlobStore
 
-FORMAT = "frank-audit-kept-1"
+FORMAT = "frank-audit-kept-2"
 _READER: str | None = None
 
 
@@ -46,6 +46,68 @@ def reader_key() -> str:
             digest.update((here / name).read_bytes())
         _READER = digest.hexdigest()
     return _READER
+
+
+# the code that makes a [debs] base's layer and documents from its .debs (``audit.base``)
+_BASE_CODE = ("frank/build/debs/rootfs.py", "frank/build/debs/build.py",
+              "frank/build/baselayout.py", "frank/image/layer.py", "frank/image/oci.py",
+              "frank/audit/base.py", "frank/audit/layers.py")
+
+
+def base_key(debs_lock_sha256: str) -> str:
+    """What a derived [debs] base is a function of: its .debs lock (every package's sha256,
+    the recipe) and the code that makes it."""
+    src = Path(__file__).resolve().parents[2]
+    digest = hashlib.sha256(f"{FORMAT}-base\0{debs_lock_sha256}".encode())
+    for name in _BASE_CODE:
+        digest.update((src / name).read_bytes())
+    return digest.hexdigest()
+
+
+def kept_base(store: BlobStore, key: str) -> dict[str, Any] | None:
+    """A base derived earlier from the same .debs lock by the same code (``audit.base``):
+    its manifest digest, layer digests and config; None unless the ledger vouches for the
+    record (and never under FRANK_VERIFY=full: release mode derives it again)."""
+    data = _load(store, "audit-bases", key, key)
+    if not isinstance(data, dict) or not isinstance(data.get("config"), dict) or \
+            not isinstance(data.get("layers"), list) or not isinstance(data.get("digest"), str):
+        return None
+    return data
+
+
+def keep_base(store: BlobStore, key: str, data: dict[str, Any]) -> None:
+    """Keep a base just derived from its pinned .debs."""
+    _save(store, "audit-bases", key, key, data)
+
+
+_PATCH_CODE = ("frank/build/patching.py", "frank/model/diffs.py", "frank/audit/expect.py")
+
+
+def patch_key(step: dict[str, Any], text: str) -> str:
+    """What a patch applied to a pinned engine wheel makes is a function of: the step (its
+    wheel's sha256, destinations), the patch's text and the code that applies it."""
+    src = Path(__file__).resolve().parents[2]
+    digest = hashlib.sha256(f"{FORMAT}-patch\0".encode())
+    digest.update(json.dumps(step, sort_keys=True).encode() + b"\0" + text.encode())
+    for name in _PATCH_CODE:
+        digest.update((src / name).read_bytes())
+    return digest.hexdigest()
+
+
+def kept_patch(store: BlobStore, key: str) -> dict[str, Any] | None:
+    """The files a patch changed, placed and deleted (with their sha256), when the same
+    patch was applied to the same wheel before (``audit.expect``); vouched by the ledger."""
+    data = _load(store, "audit-patches", key, key)
+    try:
+        return {"changed": [(str(r), str(h)) for r, h in data["changed"]],
+                "placed": [(str(p), str(h)) for p, h in data["placed"]],
+                "deleted": [str(r) for r in data["deleted"]]}
+    except (TypeError, KeyError, ValueError):
+        return None
+
+
+def keep_patch(store: BlobStore, key: str, data: dict[str, Any]) -> None:
+    _save(store, "audit-patches", key, key, data)
 
 
 def _load(store: BlobStore, folder: str, name: str, key: str) -> Any:
@@ -82,11 +144,11 @@ def kept_readings(store: BlobStore, digests: Iterable[str]) -> dict[str, list[En
     if not shape_known():
         return out
     for digest in digests:
-        rows = _load(store, "audit-layers", digest.split(":", 1)[1], digest)
+        columns = _load(store, "audit-layers", digest.split(":", 1)[1], digest)
         try:
-            if rows is not None:
-                out[digest] = [_entry(row) for row in rows]
-        except (ValueError, TypeError):
+            if columns is not None:
+                out[digest] = _entries(columns)
+        except (ValueError, TypeError, AttributeError):
             continue
     return out
 
@@ -96,8 +158,7 @@ def keep_readings(store: BlobStore, readings: Mapping[str, list[Entry]]) -> None
     if not shape_known():
         return
     for digest, entries in readings.items():
-        _save(store, "audit-layers", digest.split(":", 1)[1], digest,
-              [_row(e) for e in entries])
+        _save(store, "audit-layers", digest.split(":", 1)[1], digest, _columns(entries))
 
 
 def wheel_record(store: BlobStore, sha256: str, wheel: Path,
@@ -108,12 +169,39 @@ def wheel_record(store: BlobStore, sha256: str, wheel: Path,
     the ledger vouches holds that sha256 (the store's own file)."""
     hexd = sha256.removeprefix("sha256:")
     kept = _load(store, "audit-wheels", hexd, hexd)
-    if isinstance(kept, dict):
-        return {str(p): (str(v[0]), None if v[1] is None else int(v[1]))
-                for p, v in kept.items()}
+    if isinstance(kept, dict) and (files := _files(kept)) is not None:
+        return files
     files = read(wheel)
     if store.ledger.known(wheel) == hexd:
         _save(store, "audit-wheels", hexd, hexd, files)
+    return files
+
+
+def image_record(store: BlobStore, sha256: str, read: Callable[[], bytes],
+                 parse: Callable[[str], dict[str, tuple[str, int | None]]]
+                 ) -> dict[str, tuple[str, int | None]]:
+    """``parse`` of a ``RECORD`` file in an image whose bytes hash to ``sha256`` (its entry's
+    reading), kept by that hash: served's 196 RECORDs were read from the blobs and parsed
+    on every audit. A record is kept only of bytes that hash to ``sha256``."""
+    kept = _load(store, "audit-records", sha256, sha256)
+    if isinstance(kept, dict) and (files := _files(kept)) is not None:
+        return files
+    raw = read()
+    files = parse(raw.decode("utf-8", "replace"))
+    if hashlib.sha256(raw).hexdigest() == sha256:
+        _save(store, "audit-records", sha256, sha256, files)
+    return files
+
+
+def _files(kept: dict[str, Any]) -> dict[str, tuple[str, int | None]] | None:
+    """A kept RECORD parse (path -> [sha256, size or null]) back, or None if it is not one."""
+    try:
+        files = {p: (v[0], v[1]) for p, v in kept.items()}
+    except (TypeError, KeyError, IndexError):
+        return None
+    if any(type(h) is not str or (n is not None and type(n) is not int)
+           for h, n in files.values()):
+        return None
     return files
 
 
@@ -146,19 +234,35 @@ def shape_known() -> bool:
             and tuple(f.name for f in fields(CudaCode)) == CUDA_FIELDS)
 
 
-def _row(e: Entry) -> list[object]:
-    cuda = None if e.cuda is None else [sorted(e.cuda.sass), sorted(e.cuda.ptx),
-                                        [list(x) for x in e.cuda.sizes], e.cuda.hidden]
-    return [e.path, e.kind, e.size, e.offset, e.mode, e.link, e.sha256, e.head.hex(), cuda,
-            e.cuda_read]
+def _columns(entries: list[Entry]) -> list[list[object]]:
+    """A layer's entries as one list per field (``ENTRY_FIELDS``): read back field by field,
+    not row by row (served's 64,000 entries were a third of a one-part change's audit)."""
+    return [[e.path for e in entries], [e.kind for e in entries],
+            [e.size for e in entries], [e.offset for e in entries],
+            [e.mode for e in entries], [e.link for e in entries],
+            [e.sha256 for e in entries], [e.head.hex() for e in entries],
+            [None if e.cuda is None else [sorted(e.cuda.sass), sorted(e.cuda.ptx),
+                                          [list(x) for x in e.cuda.sizes], e.cuda.hidden]
+             for e in entries],
+            [e.cuda_read for e in entries]]
 
 
-def _entry(row: list[object]) -> Entry:
-    path, kind, size, offset, mode, link, sha, head, cuda, cuda_read = row
-    code = None
-    if isinstance(cuda, list):
-        sass, ptx, sizes, hidden = cuda
-        code = CudaCode(frozenset(str(x) for x in sass), frozenset(str(x) for x in ptx),
-                        tuple((str(k), str(a), int(n)) for k, a, n in sizes), int(hidden))
-    return Entry(str(path), str(kind), int(str(size)), int(str(offset)), int(str(mode)),
-                 str(link), str(sha), bytes.fromhex(str(head)), code, bool(cuda_read))
+def _entries(columns: Any) -> list[Entry]:
+    """The entries back from ``_columns``; ValueError if any field is of another type."""
+    paths, kinds, sizes, offsets, modes, links, shas, heads, cudas, reads = columns
+    n = len(paths)
+    for col, kind in ((paths, str), (kinds, str), (sizes, int), (offsets, int), (modes, int),
+                      (links, str), (shas, str), (heads, str), (reads, bool)):
+        if not isinstance(col, list) or len(col) != n or (n and set(map(type, col)) != {kind}):
+            raise ValueError("a kept reading of another shape")
+    if not isinstance(cudas, list) or len(cudas) != n:
+        raise ValueError("a kept reading of another shape")
+    code = [None if c is None else _cuda(c) for c in cudas]
+    return list(map(Entry, paths, kinds, sizes, offsets, modes, links, shas,
+                    map(bytes.fromhex, heads), code, reads))
+
+
+def _cuda(cuda: list[Any]) -> CudaCode:
+    sass, ptx, sizes, hidden = cuda
+    return CudaCode(frozenset(str(x) for x in sass), frozenset(str(x) for x in ptx),
+                    tuple((str(k), str(a), int(n)) for k, a, n in sizes), int(hidden))

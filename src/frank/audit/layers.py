@@ -313,6 +313,7 @@ def merge(layers: list[LayerRead]) -> MergedView:
         mine: dict[str, Entry] = {}
         whiteouts: list[str] = []
         opaque: list[str] = []
+        hidden: dict[str, bool] = {}  # folder -> whether ``cut`` hides what is in it
         for entry in layer.entries:
             if entry.kind == "whiteout":
                 parent = _parent(entry.path)
@@ -322,7 +323,13 @@ def merge(layers: list[LayerRead]) -> MergedView:
             if entry.kind == "opaque":
                 opaque.append(_parent(entry.path))
                 continue
-            if entry.path in decided or _hidden(entry.path, cut):
+            if entry.path in decided:
+                continue
+            folder = _parent(entry.path)
+            under = hidden.get(folder)
+            if under is None:  # ``cut`` changes only between layers
+                under = hidden[folder] = _hidden(entry.path, cut)
+            if under:
                 continue
             mine[entry.path] = entry  # a later member of the same path wins, as in tar
         for path, entry in mine.items():

@@ -74,7 +74,8 @@ def compose(stack: str, out_dir: Path | None, locked: bool, builder: str,
 
                 with scratch_cache(result.lock, root) as scratch:
                     built, report, audit_kept = _build(plan, result, root, stage, out,
-                                                       builder, mirrors, as_json, console)
+                                                       builder, mirrors, as_json, console,
+                                                       release=True)
                     findings = [f.line() for f in compare(scratch, built.layout)]
             else:
                 built, report, audit_kept = _build(plan, result, root, stage, out, builder,
@@ -129,8 +130,10 @@ def compose(stack: str, out_dir: Path | None, locked: bool, builder: str,
 
 
 def _build(plan: Any, result: Any, root: Path, stage: Path, out: Path, builder: str,
-           mirrors: tuple[Path, ...], as_json: bool, console: Any) -> tuple[Any, Any, bool]:
-    """Build into ``stage`` and audit (or keep the audit of an unchanged image)."""
+           mirrors: tuple[Path, ...], as_json: bool, console: Any, *,
+           release: bool = False) -> tuple[Any, Any, bool]:
+    """Build into ``stage`` and audit (or keep the audit of an unchanged image). In
+    ``release`` mode no audit record, kept reading or kept base is used, and no ledger."""
     from frank.audit.auditor import audit_layout
     from frank.audit.layers import TarReader
     from frank.audit.report import load_record, save_record
@@ -143,12 +146,16 @@ def _build(plan: Any, result: Any, root: Path, stage: Path, out: Path, builder: 
     audited = built.layout if (built.layout / "oci-layout").is_file() else out / "image"
     # nothing built: the image is the one the last compose audited (same digest, its
     # blobs hashed again by the output check), as run and push reuse that record
-    report = load_record(out / "image", built.digest) if built.layers_built == 0 else None
+    report = load_record(out / "image", built.digest) \
+        if built.layers_built == 0 and not release else None
     audit_kept = report is not None
     if report is None:
         with console.status("auditing the image against its lock"):
+            from frank.store.blobs import BlobStore
+
             report = audit_layout(audited, result.lock, root, known=built.tapped,
-                                  keep_known=True)
+                                  keep_known=not release,
+                                  store=BlobStore(full_verify=True) if release else None)
     report = report.model_copy(update={"layout": str(out / "image")})
     save_record(report, stage)
     return built, report, audit_kept

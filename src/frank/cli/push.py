@@ -71,7 +71,7 @@ def push(stack: str, to: str, layout: Path | None, tags: tuple[str, ...],
 
     # against the stack's lock in the repo, never the image's own or an audit.json (issue 53)
     lock = lock_stack(stack).lock
-    ensure_audited(layout, lock, root, what="push it")
+    ensure_audited(layout, lock, root, what="push it", release=not trust_cache)
     if not trust_cache:  # release mode: only what the lock pins (docs/trust.md)
         from frank.audit.release import derive_and_check
 

@@ -35,7 +35,8 @@ from frank.store.flock import opened, try_exclusive
 _HEX = re.compile(r"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])")
 _SMALL = 4 << 20  # a blob this small may be a manifest or an index: its digests are followed
 # Folders of the cache kept by age alone (what a key of theirs stands for is not at hand).
-BY_AGE = ("step-outputs", "git", "quarantine", "kernels", "toolchains", "run-cache")
+BY_AGE = ("step-outputs", "git", "quarantine", "kernels", "toolchains", "run-cache",
+          "audit-bases", "audit-patches", "audit-records")
 
 
 @dataclass
@@ -221,6 +222,12 @@ def collect(store_root: Path, root: Path, *, keep_days: float, dry_run: bool = F
                 digest = json.loads(record.read_bytes())["record"]["digest"].split(":")[1]
                 if digest in gone or not (blob_dir / digest).exists():
                     drop(record, "layer records")
+        # the audit's kept readings (frank.audit.kept) of layer blobs and wheels gone: named
+        # by the blob's hex digest, of no use without it
+        for readings in ("audit-layers", "audit-wheels"):
+            for reading in sorted((store_root / readings).glob("*.json")):
+                if reading.stem in gone or not (blob_dir / reading.stem).exists():
+                    drop(reading, "audit readings")
         bases = current_bases(root)
         for made in sorted((store_root / "bases").glob("*")):
             key = made.name.split(".", 1)[0]
