@@ -111,18 +111,19 @@ def warm_for_run(image: VerifiedImage, lock: dict[str, Any], *, cold: bool,
               help="A folder holding the weights' files, mounted instead of a hub cache.")
 @click.option("--wait-ready", type=SECONDS, default=900.0, show_default=True,
               help="Seconds to wait for /health to answer 200.")
-@click.option("--requests", "prompts", default="8,128,512", show_default=True,
-              metavar="WORDS,...", help="The workload: one chat request per prompt length "
-              "(in words, capped at a quarter of max-model-len).")
-@click.option("--max-tokens", default=16, show_default=True, type=click.IntRange(1, 4096),
-              help="Tokens each request generates.")
+@click.option("--requests", "prompts", default=None, metavar="WORDS,...",
+              help="The workload: one chat request per prompt length (in words, capped at a "
+              "quarter of max-model-len); default: the stack's [warm] prompts, else 8,128,512.")
+@click.option("--max-tokens", default=None, type=click.IntRange(1, 4096),
+              help="Tokens each request generates; default: the stack's [warm] max_tokens, "
+              "else 16.")
 @click.option("--key", "key", type=click.Path(path_type=Path), default=None,
               help="Where the image is attested: the signing key of its attestations "
                    "(default: $FRANK_SIGNING_KEY, else frank keygen's frank.key); the warm "
                    "cache is signed with it, and `frank run` uses only a signed one there.")
 @json_option
 def warm(target: str, engine_name: str, hub_cache: Path | None, model_dir: Path | None,
-         wait_ready: float, prompts: str, max_tokens: int, key: Path | None,
+         wait_ready: float, prompts: str | None, max_tokens: int | None, key: Path | None,
          as_json: bool) -> None:
     """Start STACK_OR_LAYOUT's image with empty engine caches, send a short workload, stop it,
     and keep the caches as a warm artifact for this image and this device."""
@@ -133,14 +134,9 @@ def warm(target: str, engine_name: str, hub_cache: Path | None, model_dir: Path 
     from frank.run.device import this_device
     from frank.store.blobs import BlobStore
 
-    try:
-        lengths = tuple(int(x) for x in prompts.split(","))
-        if not lengths or min(lengths) < 1:
-            raise ValueError
-    except ValueError:
-        raise FrankError(f"{prompts!r} is not a list of word counts like 8,128,512",
-                         field="--requests") from None
+    lengths = _lengths(prompts)
     image, lock = runnable(target, what="warm it")
+    workload = _workload(target, lengths, max_tokens)
     device = this_device(_gpus(lock))
     if device is None:
         raise FrankError(f"the image's lock wants {_gpus(lock)} GPUs and nvidia-smi lists "
@@ -157,7 +153,7 @@ def warm(target: str, engine_name: str, hub_cache: Path | None, model_dir: Path 
                               warm_note=f"making the warm cache for {device.describe()}")
 
     artifact, times = warming.make(image, lock, device, BlobStore(), plan_for,
-                                   workload=warming.Workload(lengths, max_tokens),
+                                   workload=workload,
                                    ready_timeout=wait_ready)
     signed = ""
     if signer is not None:
@@ -169,6 +165,7 @@ def warm(target: str, engine_name: str, hub_cache: Path | None, model_dir: Path 
     out = {"artifact": artifact.digest, "image": image.digest, "layer": artifact.layer,
            "layer_size": artifact.layer_size, "device": artifact.device.as_json(),
            "device_key": artifact.device.key, "made_on": artifact.made_on, "signed_by": signed,
+           "workload": workload.as_json(),
            **times}
     if as_json:
         emit_json(out)
@@ -177,6 +174,29 @@ def warm(target: str, engine_name: str, hub_cache: Path | None, model_dir: Path 
                f"{artifact.layer_size} bytes (ready {times['ready_s']:.1f} s, "
                f"{int(times['requests'])} requests {times['workload_s']:.1f} s, "
                f"packed {times['pack_s']:.1f} s)" + (f", signed by {signed}" if signed else ""))
+
+
+def _lengths(prompts: str | None) -> tuple[int, ...] | None:
+    if prompts is None:
+        return None
+    try:
+        lengths = tuple(int(x) for x in prompts.split(","))
+        if not lengths or min(lengths) < 1:
+            raise ValueError
+    except ValueError:
+        raise FrankError(f"{prompts!r} is not a list of word counts like 8,128,512",
+                         field="--requests") from None
+    return lengths
+
+
+def _workload(target: str, lengths: tuple[int, ...] | None, max_tokens: int | None) -> Any:
+    """The options over the stack's ``[warm]`` over the default (a layout has no stack)."""
+    from frank.cli.targets import built_image
+    from frank.run.warm import Workload
+
+    _, locked = built_image(target)
+    return Workload.of(locked.resolved.stack.warm if locked is not None else None,
+                       prompts=lengths, max_tokens=max_tokens)
 
 
 def _signer_for(image: VerifiedImage, given: Path | None) -> Any:
