@@ -33,6 +33,8 @@ class PushedWarm:
     device: str
     made_on: str
     scheme: str
+    layer: str = ""
+    identity: str = ""  # the device identity, canonical JSON
 
 
 def about(artifact: warmcache.Artifact, subject: dict[str, Any],
@@ -95,7 +97,8 @@ def push(store: BlobStore, repository: str, image: str, subject: dict[str, Any]
             .get(warmcache.DEVICE_KEY_ANNOTATION) in keys)]
         index["manifests"] = kept + [descriptor(d, r, a) for d, r, a in pushed]
         reg.put_manifest(name, tag, canonical_json(index), OCI_INDEX)
-    return [PushedWarm(d, a.device.key, a.made_on, scheme) for d, _, a in pushed]
+    return [PushedWarm(d, a.device.key, a.made_on, scheme, a.layer, a.device.canonical())
+            for d, _, a in pushed]
 
 
 def listed(repository: str, subject: str) -> list[dict[str, Any]]:
