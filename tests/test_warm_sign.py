@@ -130,3 +130,24 @@ def test_the_signature_travels_through_a_registry(
     finally:
         stop(proc)
     assert json.loads(warmsign.statement(art))["predicate"]["image"] == IMAGE
+
+
+def test_frank_run_checks_the_signature_with_frank_verify_key(
+        tmp_path: Path, made: tuple[BlobStore, warmcache.Artifact],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wiring `frank run` uses (cli.warm.warm_for_run): the key from $FRANK_VERIFY_KEY,
+    the note on the ready line."""
+    from types import SimpleNamespace
+
+    from frank.cli.warm import warm_for_run
+
+    store, art = made
+    signer, pub = keys(tmp_path, "signer")
+    image = SimpleNamespace(digest=IMAGE, layout=layout_with(tmp_path / "attested", signer))
+    monkeypatch.setenv("FRANK_CACHE", str(store.root))
+    monkeypatch.setenv("FRANK_VERIFY_KEY", str(pub))
+    with warm_for_run(image, {"target": {"gpus": 0}}, cold=False) as use:  # type: ignore[arg-type]
+        assert use.host is None and "is not signed, and the image is attested" in use.note
+    warmsign.sign_into(store.root, art, signer)
+    with warm_for_run(image, {"target": {"gpus": 0}}, cold=False) as use:  # type: ignore[arg-type]
+        assert use.host is not None and use.note.endswith("; its signature holds"), use.note
