@@ -47,14 +47,6 @@ def _key(env: str, default: Path) -> Path | None:
     return default if default.is_file() else None
 
 
-def _public_key() -> Path | None:
-    """``$FRANK_VERIFY_KEY``, else frank keygen's ``frank.pub`` if there is one."""
-    from frank.cli.keygen import default_key
-    from frank.ship.warmsign import VERIFY_KEY_ENV
-
-    return _key(VERIFY_KEY_ENV, default_key().with_suffix(".pub"))
-
-
 def _signing_key(given: Path | None) -> Path | None:
     """``--key``, else ``$FRANK_SIGNING_KEY``, else frank keygen's ``frank.key`` if any."""
     from frank.cli.attest import KEY_ENV
@@ -91,7 +83,8 @@ def warm_for_run(image: VerifiedImage, lock: dict[str, Any], *, cold: bool,
                       flush=True)
     from frank.ship import warmsign
 
-    check = warmsign.run_check(store.root, Path(image.layout), image.digest, _public_key())
+    check = warmsign.run_check(store.root, Path(image.layout), image.digest,
+                               warmsign.public_key_path())
     with warmuse.attached(store, image.digest, _gpus(lock), cold=cold, check=check) as use:
         if use.artifact is None and pulled_note:
             use.note += f" (registry: {pulled_note})"

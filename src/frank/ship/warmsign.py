@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,17 @@ def image_signers(layout: Path, image: str) -> set[str] | None:
     except (FrankError, OSError, ValueError):
         return {""}
     return {r.key for r in refs} if refs else None
+
+
+def public_key_path() -> Path | None:
+    """The key `frank run` checks with: ``$FRANK_VERIFY_KEY``, else ``frank keygen``'s
+    ``frank.pub`` if there is one."""
+    from frank.ship.attest.dsse import config_dir
+
+    if os.environ.get(VERIFY_KEY_ENV):
+        return Path(os.environ[VERIFY_KEY_ENV])
+    default = config_dir() / "frank.pub"
+    return default if default.is_file() else None
 
 
 def run_check(store_root: Path, layout: Path, image: str, path: Path | None
