@@ -1,12 +1,14 @@
 """`frank warm` then `frank run` of a real image: the engine starts from the warm cache.
 
 One image (served-cpu-compiled with enforce-eager, so the test does not wait for Inductor: the
-warm cache then holds vLLM's model info, bytecode and the rest of its caches), three engine
-starts: `frank warm` makes the artifact, `frank run` says "warm cache sha256:... (made on
-...)" and the engine reads the folder the artifact unpacked into; after the layer is cut short
-in the store, `frank run` says why in one line and the engine starts cold. The refusals of
-another device, another image and a forged manifest are tests/test_warm_cache.py's (no engine).
-Slow (a build and three engine starts); it needs buildah.
+warm cache then holds vLLM's model info, bytecode and the rest of its caches), two engine
+starts: `frank warm` makes the artifact with the workload the stack names (``[warm]``: one
+request of one token, the smallest), and `frank run` says "warm cache sha256:... (made on
+...)" and the engine reads the folder the artifact unpacked into. The refusals (a cut or
+corrupted layer, another device, another image, a forged manifest, a missing or foreign
+signature) are tests/test_warm_cache.py's and tests/test_warm_sign.py's, without an engine:
+what they decide is the ready line's note, which this start shows reaching the ready line.
+Slow (a build and two engine starts); it needs buildah.
 """
 
 from __future__ import annotations
@@ -66,12 +68,12 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict[str
     base = tmp_path_factory.mktemp("warm-start")
     root = copy_repo(base / "repo")
     (root / STACK).write_text('extends = "served-cpu-compiled.toml"\n'
-                              f"[flags]\nport = {free_port()}\nenforce-eager = true\n")
+                              f"[flags]\nport = {free_port()}\nenforce-eager = true\n"
+                              "[warm]\nprompts = [8]\nmax_tokens = 1\n")
     cli(root, "lock", STACK)
     cli(root, "compose", STACK)
     publish(build_tiny_model(base / "model"), base / "hub", "frank-test/tiny-llama")
-    out = cli(root, "warm", STACK, "--hub-cache", str(base / "hub"), "--requests", "8",
-              "--json")
+    out = cli(root, "warm", STACK, "--hub-cache", str(base / "hub"), "--json")
     return root, base / "hub", json.loads(out.stdout)
 
 
@@ -81,19 +83,6 @@ def test_run_starts_from_the_warm_cache(made: tuple[Path, Path, dict[str, object
     store = Path(os.environ["FRANK_CACHE"])
     entry = store / "warm" / str(art["image"]).split(":")[1] / str(art["device_key"])
     assert entry.read_text().strip() == art["artifact"]
+    assert art["workload"] == {"prompts": [8], "max_tokens": 1} and art["requests"] == 1
     line = ready_line(root, hub, tmp_path / "warm.log")
     assert f"; warm cache {art['artifact']} (made on {art['made_on']}" in line, line
-
-
-def test_a_cut_layer_is_refused_and_the_engine_starts_cold(
-        made: tuple[Path, Path, dict[str, object]], tmp_path: Path) -> None:
-    root, hub, art = made
-    layer = Path(os.environ["FRANK_CACHE"]) / "blobs" / "sha256" / str(art["layer"]).split(":")[1]
-    data = layer.read_bytes()
-    layer.chmod(0o644)
-    layer.write_bytes(data[: len(data) // 2])
-    try:
-        line = ready_line(root, hub, tmp_path / "cut.log")
-    finally:
-        layer.write_bytes(data)
-    assert f"; no warm cache: warm cache {art['artifact']}: its layer" in line, line

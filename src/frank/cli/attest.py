@@ -70,6 +70,7 @@ def attest(target: str, key: Path | None, out: Path | None, trust_cache: bool,
         if stack_digest is None or lock.digest == stack_digest:  # else: refused as stale
             derive_and_check(layout, lock, root, what="attest it")
     summary = attest_layout(layout, private, root, out, stack=target, stack_digest=stack_digest)
+    summary["warm_caches_signed"] = _sign_warm_caches(summary["image"], private)
     if as_json:
         emit_json(summary)
         return
@@ -79,3 +80,24 @@ def attest(target: str, key: Path | None, out: Path | None, trust_cache: bool,
     click.echo(f"  {summary['components']} components, signed by {summary['key']}")
     for why in summary["not_listed"].values():
         click.echo(f"  not listed: {why}")
+    for digest in summary["warm_caches_signed"]:
+        click.echo(f"  warm cache {digest} signed")
+
+
+def _sign_warm_caches(image: str, private: object) -> list[str]:
+    """Sign the store's warm caches of the image (``frank.ship.warmsign``): an attested
+    image's warm caches are used by `frank run` only when signed by its key."""
+    from frank.run import warmcache
+    from frank.ship.warmsign import sign_into
+    from frank.store.blobs import BlobStore
+
+    store = BlobStore()
+    signed = []
+    for digest in warmcache.listed(store.root, image).values():
+        try:
+            artifact = warmcache.read(store, digest)
+        except FrankError:
+            continue  # a damaged one stays unsigned: `frank run` refuses it anyway
+        sign_into(store.root, artifact, private)
+        signed.append(digest)
+    return signed

@@ -20,8 +20,9 @@ KEY_NAME = "frank.key"
 
 def config_dir() -> Path:
     """frank's config folder: ``$XDG_CONFIG_HOME/frank``, else ``~/.config/frank``."""
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "frank"
+    from frank.ship.attest.dsse import config_dir as where
+
+    return where()
 
 
 def default_key() -> Path:

@@ -10,11 +10,14 @@ from __future__ import annotations
 import datetime as dt
 import time
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import click
 
 from frank.errors import FrankError
+
+if TYPE_CHECKING:
+    from frank.ship.pushes import PushedWarmCache
 
 
 def registry_message(body: bytes) -> str:
@@ -137,27 +140,33 @@ def send(root: Path, stack: str, layout: Path, to: str, tags: tuple[str, ...], c
         if cosign:
             tag = push_cosign_tag(result.repository, result.digest, referrers)
             click.echo(f"{result.repository}:{tag} (cosign's attestation tag)")
-    push_warm_caches(layout, result.repository, result.digest, image_digest,
-                     form.manifest if form.digest == result.digest else None)
+    warm = push_warm_caches(layout, result.repository, result.digest, image_digest,
+                            form.manifest if form.digest == result.digest else None)
     if lock_digest:  # recorded once every part is pushed and read back: what `frank render
         # k8s` deploys (the registry's digest of this lock) and `frank verify` checks
         record_push(root, PushRecord(stack=tag_for_stack(stack), lock_digest=lock_digest,
                                      repository=result.repository, digest=result.digest,
                                      tags=result.tags, compression=form.compression,
-                                     image=image_digest,
+                                     image=image_digest, warm_caches=warm,
                                      time=dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")))
 
 
 def push_warm_caches(layout: Path, repository: str, pushed: str, image: str,
-                     manifest: bytes | None) -> None:
+                     manifest: bytes | None) -> list[PushedWarmCache]:
     """Attach the warm caches of the layout's image (``frank warm``) as referrers of the
-    pushed manifest (``frank.ship.warmremote``); one line each."""
+    pushed manifest (``frank.ship.warmremote``); one line each. What was pushed, for the
+    push record (`frank render k8s` mounts one)."""
     from frank.image.oci import OCI_MANIFEST, resolve_manifest
+    from frank.ship.pushes import PushedWarmCache
     from frank.ship.warmremote import push as push_warm
     from frank.store.blobs import BlobStore
 
     size = len(manifest) if manifest is not None else len(resolve_manifest(layout, image)[1])
     subject = {"mediaType": OCI_MANIFEST, "digest": pushed, "size": size}
+    out = []
     for w in push_warm(BlobStore(), repository, image, subject):
         how = "referrers API" if w.scheme == "api" else "referrers tag"
         click.echo(f"{repository}@{w.digest} (warm cache for {w.made_on}; {how})")
+        out.append(PushedWarmCache(digest=w.digest, layer=w.layer, device=w.identity,
+                                   made_on=w.made_on))
+    return out

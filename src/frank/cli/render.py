@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -30,11 +31,20 @@ def render() -> None:
               help="The claim already holds the weights: the init step only checks sha256.")
 @click.option("--ready-timeout", type=SECONDS, default=1800.0, show_default=True,
               help="Seconds the startup probe allows the engine to answer /health.")
+@click.option("--warm-cache", "warm_cache", default="auto", show_default=True,
+              metavar="auto|none|DIGEST",
+              help="The warm cache the pods mount: auto, the one `frank push` attached for "
+                   "the target's device (none if none); none; or a pushed one's digest.")
+@click.option("--kube-version", default=None, metavar="MAJOR.MINOR",
+              help="The cluster's Kubernetes version: 1.35 and later mount the warm cache as "
+                   "an image volume; earlier (or not given), an init step pulls it by digest.")
 def k8s(stack: str, out_dir: Path | None, registry: str | None, namespace: str | None,
         weights_size: str, storage_class: str | None, weights_claim: str | None,
-        offline_weights: bool, ready_timeout: float) -> None:
+        offline_weights: bool, ready_timeout: float, warm_cache: str,
+        kube_version: str | None) -> None:
     """Write STACK's objects: a Deployment (or, for target.nodes > 1, a LeaderWorkerSet), a
-    Service and the weights claim, the image by the digest `frank push` recorded.
+    Service and the weights claim, the image by the digest `frank push` recorded, and the
+    warm cache pushed for the target's device (docs/warm-starts.md).
 
     Refused, in one line saying what to run, when the stack's current lock has no pushed
     image. Apply the directory with `kubectl apply -f DIR`, or commit it for Argo CD / Flux.
@@ -51,6 +61,9 @@ def k8s(stack: str, out_dir: Path | None, registry: str | None, namespace: str |
         render_objects,
         stream,
     )
+    from frank.ship.render.warm import choose as choose_warm
+    from frank.ship.render.warm import kube_version as parse_version
+    from frank.store.blobs import DIGEST_RE
 
     if registry is not None:
         try:
@@ -65,8 +78,13 @@ def k8s(stack: str, out_dir: Path | None, registry: str | None, namespace: str |
                          storage_class=storage_class, weights_claim=weights_claim,
                          ready_timeout=ready_timeout, offline_weights=offline_weights)
     check_renderable(lock, opts)
+    parse_version(kube_version)
+    if warm_cache not in ("auto", "none") and not DIGEST_RE.fullmatch(warm_cache):
+        raise FrankError(f"{warm_cache!r} is not auto, none or a digest (sha256:...)",
+                         field="--warm-cache")
     push = pushed_image(root, locked.lock_file.stem, lock.digest, registry)
     image = ImageRef(repository=push.repository, digest=push.digest)
+    opts = replace(opts, warm=choose_warm(lock, push, warm_cache, kube_version))
     objects = render_objects(lock, image, opts)
     if out_dir is None:
         click.echo(stream(lock, objects), nl=False)

@@ -50,7 +50,8 @@ def verify(image_ref: str, key: Path | None, as_json: bool) -> None:
     except FrankError:
         root = None
     result = verify_image(image_ref, public, str(key), root)
-    warm = _warm_caches(image_ref, result.image, result.signed_as or result.image)
+    warm = _warm_caches(image_ref, result.image, result.signed_as or result.image, public,
+                        str(key))
     if as_json:
         emit_json({**asdict(result), "warm_caches": [asdict(w) for w in warm]})
         return
@@ -62,16 +63,17 @@ def verify(image_ref: str, key: Path | None, as_json: bool) -> None:
         click.echo(f"  not checked: {why}")
     for w in warm:
         click.echo(f"  warm cache {w.digest} for {w.made_on}: manifest and layer match their "
-                   f"digests ({w.layer_size:,} bytes), unpacks inside its folder, names image "
-                   f"{result.signed_as or result.image}")
+                   f"digests ({w.layer_size:,} bytes), unpacks inside its folder, signed by "
+                   f"the key, names image {result.signed_as or result.image}")
 
 
-def _warm_caches(ref: str, pushed: str, image: str) -> list[Any]:
+def _warm_caches(ref: str, pushed: str, image: str, public: Any, key_name: str) -> list[Any]:
     """The warm caches pushed as referrers of the image (``frank.ship.warmremote``),
-    checked; none for a layout (its store's are checked by `frank run` before use)."""
+    checked, their signatures by the image's key too; none for a layout (its store's are
+    checked by `frank run` before use)."""
     if Path(ref).is_dir():
         return []
     from frank.image.remote import repository_of
     from frank.ship.warmremote import verify as verify_warm
 
-    return list(verify_warm(repository_of(ref), pushed, image))
+    return list(verify_warm(repository_of(ref), pushed, image, public, key_name))

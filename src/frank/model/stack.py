@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, field_validator
 
@@ -66,6 +66,19 @@ class ImageChoice(Strict):
     base: Slug
 
 
+class WarmWorkload(Strict):
+    """The short workload ``frank warm`` sends after the engine is ready, so the caches that
+    fill only on requests (Triton kernels a prefill or decode selects, JIT modules, autotuning
+    of a shape) are in the warm cache too. Not part of the lock or the image: it shapes the
+    warm cache, which records it (``dev.frank.warm.workload``)."""
+
+    # one chat request per entry: its prompt length in words (capped at a quarter of
+    # max-model-len)
+    prompts: list[Annotated[int, Field(ge=1, le=1_000_000)]] = Field(
+        default=[8, 128, 512], min_length=1, max_length=64)
+    max_tokens: int = Field(default=16, ge=1, le=4096)  # tokens each request generates
+
+
 class StackFile(Strict):
     """One stack file as written; see the module docstring for the merge rules."""
 
@@ -87,6 +100,8 @@ class StackFile(Strict):
     # package indexes besides PyPI, and which distributions come from which (explicit)
     indexes: dict[Slug, IndexUrl] = {}
     from_index: dict[Distribution, Slug] = {}
+    # the workload `frank warm` sends (default: a few chat requests); merged field by field
+    warm: WarmWorkload | None = None
 
     @field_validator("flags")
     @classmethod
@@ -122,6 +137,7 @@ class Stack:
     # canonical distribution name -> index name, and the (stack file, field) that mapped it
     from_index: dict[str, str] = field(default_factory=dict)
     index_origin: dict[str, tuple[Path, str]] = field(default_factory=dict)
+    warm: WarmWorkload = field(default_factory=WarmWorkload)
 
 
 def load_stack_file(path: Path) -> StackFile:
@@ -243,6 +259,7 @@ def _root_stack(path: Path, sf: StackFile) -> Stack:
         command=sf.command or ["vllm", "serve"], flags=dict(sf.flags), env=dict(sf.env),
         parts=dict(sf.parts),
         origin={n: (path, f"parts.{n}") for n in sf.parts}, chain=[path],
+        warm=sf.warm or WarmWorkload(),
     ), sf, path)
 
 
@@ -291,4 +308,6 @@ def _apply(parent: Stack, sf: StackFile, path: Path) -> Stack:
         command=sf.command or parent.command, flags=flags, env=env, parts=parts,
         origin=origin, chain=[*parent.chain, path],
         indexes=parent.indexes, from_index=parent.from_index, index_origin=parent.index_origin,
+        warm=parent.warm if sf.warm is None else parent.warm.model_copy(
+            update=sf.warm.model_dump(include=sf.warm.model_fields_set)),
     ), sf, path)

@@ -27,6 +27,7 @@ from typing import IO, Any
 from frank.errors import FrankError
 from frank.image.oci import resolve_manifest
 from frank.image.verify import VerifiedImage
+from frank.model.stack import WarmWorkload
 from frank.run import warmcache
 from frank.run.container import RunPlan
 from frank.run.device import Device
@@ -43,6 +44,16 @@ class Workload:
 
     prompts: tuple[int, ...] = (8, 128, 512)
     max_tokens: int = 16
+
+    @classmethod
+    def of(cls, spec: WarmWorkload | None, *, prompts: tuple[int, ...] | None = None,
+           max_tokens: int | None = None) -> Workload:
+        """The stack's ``[warm]`` (``spec``; None: the default), the options over it."""
+        base = cls(tuple(spec.prompts), spec.max_tokens) if spec is not None else cls()
+        return cls(prompts or base.prompts, max_tokens or base.max_tokens)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"prompts": list(self.prompts), "max_tokens": self.max_tokens}
 
     def bodies(self, model: str, max_model_len: int) -> list[dict[str, Any]]:
         out = []
@@ -101,6 +112,6 @@ def make(image: VerifiedImage, lock: dict[str, Any], device: Device, store: Blob
             times["requests"] = n
         t2 = time.monotonic()
         artifact = warmcache.make(store, folder, subject=subject(image), image=image.digest,
-                                  device=device)
+                                  device=device, workload=workload.as_json())
         times["pack_s"] = time.monotonic() - t2
     return artifact, times

@@ -51,6 +51,7 @@ IMAGE_ANNOTATION = "dev.frank.warm.image"
 DEVICE_ANNOTATION = "dev.frank.warm.device"
 DEVICE_KEY_ANNOTATION = "dev.frank.warm.device-key"
 MADE_ON_ANNOTATION = "dev.frank.warm.made-on"
+WORKLOAD_ANNOTATION = "dev.frank.warm.workload"
 CREATED_ANNOTATION = "org.opencontainers.image.created"
 ZSTD_LEVEL = 3
 _CHUNK = 1 << 20
@@ -183,9 +184,11 @@ def pack(store: BlobStore, folder: Path) -> tuple[str, int, int]:
 
 
 def make(store: BlobStore, folder: Path, *, subject: dict[str, Any], image: str,
-         device: Device, created: float | None = None) -> Artifact:
+         device: Device, created: float | None = None,
+         workload: dict[str, Any] | None = None) -> Artifact:
     """Pack ``folder`` as the warm artifact of ``image`` on ``device`` and name it in the
-    store's warm index (the entry last, atomically). ``subject``: the image's descriptor."""
+    store's warm index (the entry last, atomically). ``subject``: the image's descriptor;
+    ``workload``: what was sent to fill it (recorded as an annotation)."""
     layer, size, _ = pack(store, folder)
     store.put_bytes(EMPTY_BLOB)
     when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created or time.time()))
@@ -198,7 +201,10 @@ def make(store: BlobStore, folder: Path, *, subject: dict[str, Any], image: str,
                     "size": subject["size"]},
         "annotations": {IMAGE_ANNOTATION: image, DEVICE_ANNOTATION: device.canonical(),
                         DEVICE_KEY_ANNOTATION: device.key, MADE_ON_ANNOTATION: device.describe(),
-                        CREATED_ANNOTATION: when},
+                        CREATED_ANNOTATION: when,
+                        **({WORKLOAD_ANNOTATION: json.dumps(workload, sort_keys=True,
+                                                            separators=(",", ":"))}
+                           if workload is not None else {})},
     })
     digest = store.put_bytes(manifest)
     artifact = parse(digest, manifest)

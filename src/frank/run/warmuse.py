@@ -22,7 +22,7 @@ import contextlib
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,9 +69,12 @@ def _device(gpus: int) -> Device:
 
 
 @contextlib.contextmanager
-def attached(store: BlobStore, image: str, gpus: int, *, cold: bool) -> Iterator[WarmUse]:
+def attached(store: BlobStore, image: str, gpus: int, *, cold: bool,
+             check: Callable[[warmcache.Artifact], None] | None = None) -> Iterator[WarmUse]:
     """The warm cache a run of ``image`` gets (see the module docstring); the folders are
-    unmounted and removed after the block."""
+    unmounted and removed after the block. ``check``: one more check the artifact must pass
+    before it is unpacked (its signature, where the image is attested); it raises
+    ``warmcache.WarmRefused``."""
     if cold:
         with owned("warm") as work:
             yield WarmUse(warmcache.prepare(work / "empty"), warmcache.engine_env(),
@@ -81,6 +84,8 @@ def attached(store: BlobStore, image: str, gpus: int, *, cold: bool) -> Iterator
     try:
         device = _device(gpus)
         artifact = warmcache.choose(store, image, device)
+        if check is not None:
+            check(artifact)
     except FrankError as exc:
         yield WarmUse(note=f"no warm cache: {exc.message}")
         return

@@ -20,6 +20,15 @@ from frank.store.jsonl import append_models, read_models
 DIGEST = r"^sha256:[0-9a-f]{64}$"
 
 
+class PushedWarmCache(Strict):
+    """A warm cache pushed with the image (a referrer): what `frank render k8s` mounts."""
+
+    digest: str = Field(pattern=DIGEST)  # the artifact's manifest digest in the registry
+    layer: str = Field(pattern=DIGEST)
+    device: str  # the device identity, canonical JSON (``frank.run.device``)
+    made_on: str
+
+
 class PushRecord(Strict):
     """One push: which stack's image, built from which lock, is where."""
 
@@ -33,6 +42,7 @@ class PushRecord(Strict):
     # older records have neither: they pushed the layout as it was
     compression: str = "none"
     image: str | None = Field(default=None, pattern=DIGEST)
+    warm_caches: list[PushedWarmCache] = []
 
     @property
     def reference(self) -> str:

@@ -16,9 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from frank.errors import FrankError
+from frank.fsutil import write_atomic
 from frank.image.oci import OCI_INDEX, OCI_MANIFEST, canonical_json
 from frank.run import warmcache
 from frank.run.device import Device
+from frank.ship import warmsign
 from frank.ship.attest.remote import Registry, fallback_tag, split_ref
 from frank.store.blobs import BlobStore, sha256_bytes
 
@@ -31,11 +33,17 @@ class PushedWarm:
     device: str
     made_on: str
     scheme: str
+    layer: str = ""
+    identity: str = ""  # the device identity, canonical JSON
 
 
-def about(artifact: warmcache.Artifact, subject: dict[str, Any]) -> tuple[str, bytes]:
-    """The artifact's manifest with ``subject`` as its subject: (digest, bytes)."""
+def about(artifact: warmcache.Artifact, subject: dict[str, Any],
+          envelope: bytes | None = None) -> tuple[str, bytes]:
+    """The artifact's manifest with ``subject`` as its subject (and its signature's
+    envelope as an annotation, ``frank.ship.warmsign``): (digest, bytes)."""
     doc = artifact.doc
+    if envelope is not None:
+        doc["annotations"][warmsign.ANNOTATION] = warmsign.annotation(envelope)
     doc["subject"] = {"mediaType": subject["mediaType"], "digest": subject["digest"],
                       "size": subject["size"]}
     raw = canonical_json(doc)
@@ -68,7 +76,7 @@ def push(store: BlobStore, repository: str, image: str, subject: dict[str, Any]
     pushed: list[tuple[str, bytes, warmcache.Artifact]] = []
     api = True
     for artifact in artifacts:
-        digest, raw = about(artifact, subject)
+        digest, raw = about(artifact, subject, warmsign.envelope_of(store.root, artifact))
         reg.put_blob(name, warmcache.EMPTY_BLOB)
         reg.put_blob(name, store.verified_path(artifact.layer).read_bytes())
         headers = reg.put_manifest(name, digest, raw, OCI_MANIFEST)
@@ -89,7 +97,8 @@ def push(store: BlobStore, repository: str, image: str, subject: dict[str, Any]
             .get(warmcache.DEVICE_KEY_ANNOTATION) in keys)]
         index["manifests"] = kept + [descriptor(d, r, a) for d, r, a in pushed]
         reg.put_manifest(name, tag, canonical_json(index), OCI_INDEX)
-    return [PushedWarm(d, a.device.key, a.made_on, scheme) for d, _, a in pushed]
+    return [PushedWarm(d, a.device.key, a.made_on, scheme, a.layer, a.device.canonical())
+            for d, _, a in pushed]
 
 
 def listed(repository: str, subject: str) -> list[dict[str, Any]]:
@@ -128,6 +137,9 @@ def pull(store: BlobStore, repository: str, subject: str, image: str, device: De
         store.put_bytes(data)
         store.put_bytes(warmcache.EMPTY_BLOB)
         store.put_bytes(raw)
+        envelope = _envelope(raw)
+        if envelope is not None:  # checked where it is used (`frank run`), not here
+            write_atomic(warmsign.signature_path(store.root, artifact), envelope)
         warmcache.record(store.root, artifact)
         return artifact
     return None
@@ -158,10 +170,19 @@ class CheckedWarm:
     layer_size: int
 
 
-def verify(repository: str, subject: str, image: str) -> list[CheckedWarm]:
+def _envelope(raw: bytes) -> bytes | None:
+    with contextlib.suppress(ValueError, AttributeError, TypeError):
+        text = (json.loads(raw).get("annotations") or {}).get(warmsign.ANNOTATION)
+        return warmsign.from_annotation(text) if isinstance(text, str) else None
+    return None
+
+
+def verify(repository: str, subject: str, image: str, public_key: Any = None,
+           key_name: str = "") -> list[CheckedWarm]:
     """Every warm cache listed as a referrer of ``subject``: its manifest and layer read by
-    digest and hashed, its layer a zstd tar that unpacks inside its folder, and its
-    annotations naming layout digest ``image``. The first that does not hold is a
+    digest and hashed, its layer a zstd tar that unpacks inside its folder, its annotations
+    naming layout digest ``image``, and, given the image's ``public_key``, its signature
+    (``frank.ship.warmsign``) holding for it. The first that does not hold is a
     ``VerifyFailed`` (one line, exit 1)."""
     import tempfile
     from pathlib import Path
@@ -185,6 +206,8 @@ def verify(repository: str, subject: str, image: str) -> list[CheckedWarm]:
                 store = BlobStore(Path(tmp) / "store")
                 store.put_bytes(reg.get_blob(name, artifact.layer))
                 warmcache.unpack(store, artifact, Path(tmp) / "tree")
+            if public_key is not None:
+                warmsign.check_envelope(_envelope(raw), artifact, public_key, key_name)
         except FrankError as exc:
             raise VerifyFailed(exc.message) from None
         out.append(CheckedWarm(digest, artifact.made_on, artifact.layer, artifact.layer_size))

@@ -194,10 +194,15 @@ def warm_engine(image: ArmImage, engine_log: Path, opts: RunOptions, fields: dic
     from frank.build.engines import get_engine
     from frank.run import container as image_run
     from frank.run import warmuse
+    from frank.ship import warmsign
     from frank.store.blobs import BlobStore
 
     gpus = int((image.lock.get("target") or {}).get("gpus", 0) or 0)
-    with warmuse.attached(BlobStore(), image.digest, gpus, cold=False) as warm:
+    store = BlobStore()
+    # as `frank run`: where the image is attested, only a warm cache its signer signed
+    check = warmsign.run_check(store.root, Path(image.image.layout), image.digest,
+                               warmsign.public_key_path())
+    with warmuse.attached(store, image.digest, gpus, cold=False, check=check) as warm:
         fields["warm_cache"] = warm.artifact.digest if warm.artifact else \
             "none: " + warm.note.removeprefix("no warm cache: ")
         plan = image_run.plan(image.image, image.lock, get_engine(opts.engine),

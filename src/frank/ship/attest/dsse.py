@@ -32,6 +32,13 @@ ENVELOPE_MEDIA_TYPE = "application/vnd.dsse.envelope.v1+json"
 PASSWORD_ENV = "FRANK_KEY_PASSWORD"
 
 
+def config_dir() -> Path:
+    """frank's config folder, where ``frank keygen`` writes keys when not told:
+    ``$XDG_CONFIG_HOME/frank``, else ``~/.config/frank``."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "frank"
+
+
 def pae(payload_type: str, payload: bytes) -> bytes:
     """DSSE v1 pre-authentication encoding: what is signed."""
     t = payload_type.encode()

@@ -36,7 +36,8 @@ from kubernetes import client as k8s
 from frank.build.plan import LAUNCHER_IN_IMAGE, LOCK_IN_IMAGE
 from frank.errors import FrankError
 from frank.resolve.lock import Lock
-from frank.run import launch
+from frank.run import launch, warmcache
+from frank.ship.render.warm import WarmMount
 
 LWS_API = "leaderworkerset.x-k8s.io/v1"
 LABEL = "frank.dev"  # label and annotation prefix
@@ -76,6 +77,7 @@ class RenderOptions:
     weights_claim: str | None = None  # an existing PVC to use instead of rendering one
     ready_timeout: float = 1800.0  # seconds the startup probe allows before /health
     offline_weights: bool = False  # the volume is filled already: the init step only checks
+    warm: WarmMount | None = None  # the warm cache the pods mount (``render.warm``)
 
 
 def check_options(opts: RenderOptions) -> None:
@@ -191,10 +193,13 @@ def weights_mount(lock: Lock) -> str | None:
     return str(spec["path"]) if spec.get("path") else HUB_MOUNT
 
 
-def engine_env(lock: Lock) -> list[Any]:
+def engine_env(lock: Lock, warm: bool = False) -> list[Any]:
     """The lock's env, ``VLLM_PLUGINS`` exactly the stack's, and the hub cache the volume
-    holds, offline: the engine never asks the hub."""
+    holds, offline: the engine never asks the hub. With a warm cache, every engine cache
+    points into its folder (as `frank run` points them)."""
     env = launch.engine_env(lock.model_dump(mode="json"), {})
+    if warm:
+        env.update(warmcache.engine_env())
     if weights_mount(lock) == HUB_MOUNT:
         env.pop("HF_HOME", None)
         env.pop("HUGGINGFACE_HUB_CACHE", None)
@@ -223,6 +228,8 @@ def engine_container(lock: Lock, image: ImageRef, opts: RenderOptions, *,
     mount = weights_mount(lock)
     if mount is not None:
         mounts.append(k8s.V1VolumeMount(name="weights", mount_path=mount, read_only=True))
+    if opts.warm is not None:
+        mounts.append(k8s.V1VolumeMount(name="warm", mount_path=warmcache.IN_CONTAINER))
     gpus = int(lock.target.get("gpus", 0))
     resources = k8s.V1ResourceRequirements(limits={"nvidia.com/gpu": str(gpus)}) if gpus \
         else None
@@ -232,7 +239,8 @@ def engine_container(lock: Lock, image: ImageRef, opts: RenderOptions, *,
         # frank's own extra args may name the pod's variables ($(LWS_WORKER_INDEX))
         args=[*(literal(a) for a in [model_arg(lock), *launch.flag_args(lock.flags)]),
               *extra_args],
-        env=engine_env(lock), resources=resources, volume_mounts=mounts)
+        env=engine_env(lock, opts.warm is not None), resources=resources,
+        volume_mounts=mounts)
     if serves:
         container.ports = [k8s.V1ContainerPort(name=HTTP, container_port=port,
                                                protocol="TCP")]
@@ -259,6 +267,32 @@ def weights_container(lock: Lock, image: ImageRef, opts: RenderOptions) -> Any |
                                          read_only=opts.offline_weights)])
 
 
+WARM_ARTIFACT_MOUNT = "/frank/warm-artifact"
+
+
+def warm_container(image: ImageRef, opts: RenderOptions) -> Any | None:
+    """The init step that puts the warm cache in ``/frank/warm``: ``warm_init.py`` run by
+    the engine image's python3, reading the artifact from its image volume or pulling it by
+    digest; every digest checked, or the pod does not start."""
+    warm = opts.warm
+    if warm is None:
+        return None
+    from importlib.resources import files
+
+    program = files("frank.ship.render").joinpath("warm_init.py").read_text(encoding="utf-8")
+    mounts = [k8s.V1VolumeMount(name="warm", mount_path=warmcache.IN_CONTAINER)]
+    if warm.image_volume:
+        args = ["volume", WARM_ARTIFACT_MOUNT, warm.layer, warmcache.IN_CONTAINER]
+        mounts.append(k8s.V1VolumeMount(name="warm-artifact", mount_path=WARM_ARTIFACT_MOUNT,
+                                        read_only=True))
+    else:
+        args = ["pull", warm.reference, warm.layer, warmcache.IN_CONTAINER]
+    return k8s.V1Container(
+        name="warm-cache", image=image.reference, image_pull_policy="IfNotPresent",
+        command=["python3", "-c", literal(program)], args=[literal(a) for a in args],
+        volume_mounts=mounts)
+
+
 def claim_name(lock: Lock, opts: RenderOptions) -> str:
     """The weights volume's claim: the one given, or ``<stack>-weights``."""
     return opts.weights_claim or f"{name_of(lock)}-weights"
@@ -270,15 +304,21 @@ def volumes(lock: Lock, opts: RenderOptions) -> list[Any]:
     if weights_mount(lock) is not None:
         out.append(k8s.V1Volume(name="weights", persistent_volume_claim=(
             k8s.V1PersistentVolumeClaimVolumeSource(claim_name=claim_name(lock, opts)))))
+    if opts.warm is not None:
+        out.append(k8s.V1Volume(name="warm", empty_dir=k8s.V1EmptyDirVolumeSource()))
+        if opts.warm.image_volume:
+            out.append(k8s.V1Volume(name="warm-artifact", image=k8s.V1ImageVolumeSource(
+                reference=opts.warm.reference, pull_policy="IfNotPresent")))
     return out
 
 
 def pod_spec(lock: Lock, image: ImageRef, opts: RenderOptions, *, extra_args: tuple[str, ...]
              = (), serves: bool = True, restart_policy: str | None = None) -> Any:
-    """One engine pod: init step for the weights, the engine."""
-    init = weights_container(lock, image, opts)
+    """One engine pod: init steps for the weights and the warm cache, the engine."""
+    init = [c for c in (weights_container(lock, image, opts), warm_container(image, opts))
+            if c is not None]
     return k8s.V1PodSpec(
-        init_containers=[init] if init is not None else None,
+        init_containers=init or None,
         containers=[engine_container(lock, image, opts, extra_args=extra_args, serves=serves)],
         volumes=volumes(lock, opts), node_selector=node_selector(lock),
         restart_policy=restart_policy, automount_service_account_token=False,
