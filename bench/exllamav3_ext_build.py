@@ -25,6 +25,7 @@ import tomllib
 from pathlib import Path
 
 from frank.build.extension import build_extension
+from frank.errors import FrankError
 from frank.model.kinds import PART_ADAPTER
 from frank.model.kinds.extension import Extension
 from frank.store.blobs import BlobStore
@@ -54,10 +55,14 @@ def main() -> int:
     args = ap.parse_args()
 
     t0 = time.monotonic()
-    built = build_extension(part(), REPO, Fetcher(BlobStore()), manifest=PART,
-                            archs=args.archs, only=args.only,
-                            python_include=args.python_include, suffix=args.ext_suffix,
-                            jobs=args.jobs)
+    try:
+        built = build_extension(part(), REPO, Fetcher(BlobStore()), manifest=PART,
+                                archs=args.archs, only=args.only,
+                                python_include=args.python_include, suffix=args.ext_suffix,
+                                jobs=args.jobs)
+    except FrankError as exc:
+        print(exc, file=sys.stderr)
+        return 1
     result = dict(built.result)
     result["path"] = str(built.module)
     result["cached_s"] = round(time.monotonic() - t0, 2)

@@ -125,3 +125,46 @@ def test_the_cli_names_the_file_and_the_field_in_one_line(repo: Path) -> None:
     assert out.code == 2, (out.out, out.err)
     assert out.err.strip().splitlines() == [
         "frank: error: parts/exl3-ext/1.toml: jobs: unknown field"]
+
+
+def _served_with_the_part(repo: Path) -> None:
+    served = repo / "stacks/served.toml"
+    text = served.read_text()
+    if 'exl3-ext = "1"' not in text:
+        served.write_text(text.replace('flashinfer-aot = "1"\n',
+                                       'flashinfer-aot = "1"\nexl3-ext = "1"\n'))
+    out = frank("lock", "served", cwd=repo)
+    assert out.code == 0, out.err
+
+
+@pytest.mark.parametrize(("field", "change"), [
+    ("wheel", lambda s: s["wheel"].update(sha256="1" * 64)),
+    ("headers", lambda s: s["headers"][0].update(sha256="1" * 64)),  # not the closure's torch
+    ("python_headers", lambda s: s["python_headers"].update(url=s["python_headers"]["url"]
+                                                            .replace("3.11", "3.12"))),
+])
+def test_the_build_refuses_what_the_image_would_not_match(repo: Path, tmp_path: Path,
+                                                          field: str, change: Any) -> None:
+    """Sources or torch headers other than the closure's, or another Python's headers: the
+    layer is refused before anything is fetched or built, naming the field."""
+    import copy
+
+    from frank.build.builder import _build_extension
+    from frank.build.plan import build_plan
+    from frank.resolve.lock import read_lock
+    from frank.store.blobs import BlobStore
+    from frank.store.fetch import Fetcher
+
+    _served_with_the_part(repo)
+    plan = build_plan(read_lock(repo / "stacks/served.lock"), repo)
+    layer = next(x for x in plan.layers if x.extension is not None)
+    assert layer.name == "extension:exl3-ext" and layer.part == "exl3-ext"
+    assert layer.extension is not None
+    spec = copy.deepcopy(layer.extension)
+    change(spec)
+    bad = layer.model_copy(update={"extension": spec})
+    with pytest.raises(FrankError) as err:
+        _build_extension(bad, plan, repo, tmp_path, Fetcher(BlobStore(tmp_path / "store")),
+                         tmp_path / "log")
+    assert err.value.field == field, str(err.value)
+    assert not (tmp_path / "store" / "exllamav3-ext").exists()

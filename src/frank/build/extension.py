@@ -192,9 +192,12 @@ def _build(part: Extension, root: Path, fetcher: Fetcher, manifest: Path | None,
            "--ext-suffix", suffix, "--archs", archs, "--out", str(out), "--jobs", str(jobs),
            *[a for s in only for a in ("--only", s)]]
     t1 = time.monotonic()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
     wall = time.monotonic() - t1
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    peak = after.ru_maxrss / 1024  # the largest process of the build (one compile's)
     log = out / "build.log"
     if proc.returncode != 0:
         kept.parent.mkdir(parents=True, exist_ok=True)
@@ -214,7 +217,7 @@ def _build(part: Extension, root: Path, fetcher: Fetcher, manifest: Path | None,
     shutil.copyfile(log, tmp / "build.log")
     result = {"module": so.name, "sha256": hashlib.sha256(so.read_bytes()).hexdigest(),
               "size": so.stat().st_size, "archs": archs, "jobs": jobs,
-              "sources": len(only) or "all", "build_s": round(wall, 1),
+              "sources": len(only) or "all", "build_s": round(wall, 1), "cpu_s": round(cpu),
               "inputs_s": round(t_in, 1), "peak_process_mib": round(peak), "key": key,
               "host": platform.node(), "cpus": len(os.sched_getaffinity(0)),
               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
