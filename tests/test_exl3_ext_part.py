@@ -168,3 +168,30 @@ def test_the_build_refuses_what_the_image_would_not_match(repo: Path, tmp_path: 
                          tmp_path / "log")
     assert err.value.field == field, str(err.value)
     assert not (tmp_path / "store" / "exllamav3-ext").exists()
+
+
+def test_a_kept_module_is_used_only_if_it_is_what_its_record_says(tmp_path: Path) -> None:
+    """The same key builds nothing: the kept module is returned, after its sha256 is held
+    to its result.json (a file changed in the cache is named, never placed)."""
+    import hashlib
+    import json
+
+    from frank.build.extension import build_extension
+    from frank.store.blobs import BlobStore
+    from frank.store.fetch import Fetcher
+
+    part = _part()
+    kept = tmp_path / "store" / "exllamav3-ext" / _key(part)
+    kept.mkdir(parents=True)
+    module = kept / f"exllamav3_ext{SUFFIX}"
+    module.write_bytes(b"\x7fELF module")
+    (kept / "result.json").write_text(json.dumps({
+        "module": module.name, "sha256": hashlib.sha256(module.read_bytes()).hexdigest()}))
+    fetcher = Fetcher(BlobStore(tmp_path / "store"))
+    assert build_extension(part, ROOT, fetcher).module == module  # kept: nothing fetched
+    assert not (tmp_path / "store" / "blobs" / "sha256").exists() or not any(
+        (tmp_path / "store" / "blobs" / "sha256").iterdir())
+    module.write_bytes(b"\x7fELF other")
+    with pytest.raises(FrankError) as err:
+        build_extension(part, ROOT, fetcher)
+    assert "is not what its result.json records" in str(err.value)

@@ -40,7 +40,7 @@ from packaging.utils import canonicalize_name
 
 from frank.build.kernel import host_compiler
 from frank.errors import FrankError
-from frank.hashing import sha256_json, sha256_tree
+from frank.hashing import sha256_file, sha256_json, sha256_tree
 from frank.model.archs import parse_arch
 from frank.model.kinds.extension import Extension, PinnedDeb, ext_suffix, python_version
 from frank.model.pins import wheel_filename
@@ -163,7 +163,12 @@ def build_extension(part: Extension, root: Path, fetcher: Fetcher, *,
             if not (kept / "result.json").is_file():
                 _build(part, root, fetcher, manifest, kept, key, archs=archs, only=only,
                        py_dirs=py_dirs, suffix=suffix, jobs=jobs or os.cpu_count() or 1)
-    return Built(kept, json.loads((kept / "result.json").read_text()))
+    built = Built(kept, json.loads((kept / "result.json").read_text()))
+    if not built.module.is_file() or sha256_file(built.module) != built.result["sha256"]:
+        raise FrankError(f"the kept {built.module} is not what its result.json records "
+                         f"(sha256 {built.result['sha256']}): remove {kept} to build it again",
+                         file=manifest, field="builder")
+    return built
 
 
 def _build(part: Extension, root: Path, fetcher: Fetcher, manifest: Path | None, kept: Path,
