@@ -73,12 +73,18 @@ def test_a_changed_input_changes_the_key(change: Any) -> None:
     assert _key(_part(change(_raw()))) != _key(_part())
 
 
-def test_the_builder_sources_and_python_are_in_the_key(tmp_path: Path) -> None:
+def test_the_builder_sources_and_python_are_in_the_key(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     part = _part()
     base = _key(part)
     assert _key(part) == base  # stable
     assert _key(part, only=["add.cu"]) != base
     assert _key(part, python=["a" * 64]) != base
+    import frank.build.extension as extension
+
+    monkeypatch.setattr(extension, "ROOT", tmp_path / "fixed")  # nvcc writes paths in
+    assert _key(part) != base
+    monkeypatch.undo()
     assert _key(part, suffix=".cpython-312-x86_64-linux-gnu.so") != base
     builder = tmp_path / "builders" / "exllamav3-ext"
     builder.mkdir(parents=True)

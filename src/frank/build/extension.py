@@ -47,6 +47,7 @@ from frank.model.pins import wheel_filename
 from frank.store.fetch import Fetcher, Pinned
 
 ROOT = Path("/tmp/frank-exl3-ext")
+_CANONICAL = ROOT  # a build elsewhere (a test's own root) has other bytes: its key says so
 _WHY = re.compile(r"\berror\b|\bfatal\b|cannot find|undefined reference|rc=[1-9]",
                   re.IGNORECASE)
 
@@ -88,7 +89,8 @@ def build_key(part: Extension, root: Path, *, archs: str, only: list[str],
                         "inputs": {k: v.sha256 for k, v in sorted(inputs(part).items())},
                         "builder": sha256_tree(builder), "archs": archs,
                         "only": sorted(only), "python": python, "suffix": suffix,
-                        "host_cxx": host_compiler()})
+                        "host_cxx": host_compiler(),
+                        **({"root": str(ROOT)} if ROOT != _CANONICAL else {})})
 
 
 def _members(wheel: Path, dest: Path, take: str) -> None:
