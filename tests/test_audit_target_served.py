@@ -13,11 +13,24 @@ import io
 import tarfile
 from pathlib import Path
 
+import pytest
+
 from frank.audit.layers import merge, read_layer
 from frank.audit.target import TargetAudit
 from frank.model.archs import parse_arch
 from frank.resolve.lock import read_lock
-from tests.elf_helpers import FAMILY, PROGBITS, SHF_ALLOC, Section, container, elf, entry
+from tests.elf_helpers import (
+    DYNSYM,
+    FAMILY,
+    PROGBITS,
+    SHF_ALLOC,
+    STRTAB,
+    Section,
+    container,
+    dynsym,
+    elf,
+    entry,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 SITE = "usr/local/lib/python3.11/dist-packages"
@@ -35,7 +48,20 @@ def _lib(*archs: tuple[int, int]) -> bytes:
                         container(*(entry(a, flags=f) for a, f in archs)))])
 
 
-def _served_files(fixed: bool) -> dict[str, tuple[bytes, int]]:
+EXT = "exllamav3_ext.cpython-311-x86_64-linux-gnu.so"
+
+
+def _ext(symbol: str, *archs: tuple[int, int]) -> bytes:
+    """An extension module: device code for ``archs`` and ``symbol`` exported."""
+    table, strings = dynsym([symbol])
+    return elf([Section(".nv_fatbin", PROGBITS, SHF_ALLOC,
+                        container(*(entry(a, flags=f) for a, f in archs))),
+                Section(".dynstr", STRTAB, SHF_ALLOC, strings),
+                Section(".dynsym", DYNSYM, SHF_ALLOC, table, link=2, entsize=24)])
+
+
+def _served_files(fixed: bool, ext: tuple[str, bytes] | None = None
+                  ) -> dict[str, tuple[bytes, int]]:
     sm90a, sm100f, sm120f = (90, ARCH_A), (100, FAMILY), (120, FAMILY)
     files = {
         "vllm/vllm_flash_attn/_vllm_fa3_C.abi3.so": _lib(sm90a),
@@ -55,7 +81,9 @@ def _served_files(fixed: bool) -> dict[str, tuple[bytes, int]]:
     else:
         for name in ("sparse_mla_sm120", "sampling"):
             files[f"flashinfer/data/aot/{name}/{name}.so"] = _lib(sm120f)
-        files["exllamav3_ext.cpython-311-x86_64-linux-gnu.so"] = _lib(sm120f)
+        name, data = ext or (EXT, _ext("PyInit_exllamav3_ext", sm120f))
+        if name:
+            files[name] = data
     out = {f"{SITE}/{k}": (v, 0o755) for k, v in files.items()}
     if fixed:
         out["usr/bin/gcc-12"] = (b"\x7fELF", 0o755)
@@ -80,10 +108,11 @@ def _layer(tmp: Path, files: dict[str, tuple[bytes, int]], links: dict[str, str]
     return blob
 
 
-def _audit(tmp: Path, fixed: bool, flashinfer: str):  # type: ignore[no-untyped-def]
+def _audit(tmp: Path, fixed: bool, flashinfer: str,  # type: ignore[no-untyped-def]
+           ext: tuple[str, bytes] | None = None):
     lock = read_lock(ROOT / "stacks" / "served.lock")
     links = {"usr/bin/gcc": "gcc-12", "usr/bin/g++": "g++-12"} if fixed else {}
-    view = merge([read_layer(0, _layer(tmp, _served_files(fixed), links))])
+    view = merge([read_layer(0, _layer(tmp, _served_files(fixed, ext), links))])
     files = [(p, e.cuda) for p, (_, e) in view.visible.items() if e.cuda is not None]
     versions = {"flashinfer-python": flashinfer, "vllm": "0.24.0"}
     return TargetAudit(view, lock, SITE, versions, parse_arch("sm_120"), files, {},
@@ -133,3 +162,32 @@ def test_a_rule_the_engine_contradicts_is_named(tmp_path: Path, monkeypatch) -> 
     monkeypatch.setattr(me, "TOKENSPEED", TOKENSPEED.replace("== 10", "in (10, 12)"))
     _, diffs, _ = _audit(tmp_path, fixed=True, flashinfer="0.6.14")
     assert [d.check for d in diffs] == ["declared unused, but the engine's rule selects it"]
+
+
+SM120F = (120, FAMILY)
+
+
+@pytest.mark.parametrize(("name", "data", "why"), [
+    ("", b"", "no ninja"),  # served without exl3-ext: nothing stands in for the build
+    (EXT, _lib(SM120F), "defines no PyInit_exllamav3_ext"),  # a CUDA library, renamed
+    (EXT, _ext("PyInit_other", SM120F), "defines no PyInit_exllamav3_ext"),
+    (EXT, _ext("PyInit_exllamav3_ext", (90, ARCH_A)), "is not built for sm_120"),
+    ("exllamav3_ext.cpython-312-x86_64-linux-gnu.so", _ext("PyInit_exllamav3_ext", SM120F),
+     "imports no .cpython-312-x86_64-linux-gnu.so"),  # another Python's build
+])
+def test_only_the_real_module_stands_in_for_exllamav3s_build(
+        tmp_path: Path, name: str, data: bytes, why: str) -> None:
+    """Everything else of served fixed (nvcc and g++ are in the image): exllamav3's build
+    at first import needs ninja, unless the top of site-packages holds an exllamav3_ext this
+    Python imports, with PyInit_exllamav3_ext and sm_120 code; a file that only matches the
+    glob is refused by the tool's verdict and the engine path's, the reason named."""
+    report, diffs, _ = _audit(tmp_path, fixed=True, flashinfer="0.6.14", ext=(name, data))
+    assert {d.part for d in diffs} == {"exl3-runtime"}
+    tools = [d for d in diffs if d.check.startswith("run-time tool missing")]
+    assert [d.check.split(" calls ")[1].split(" ")[0] for d in tools] == ["ninja"]
+    assert why in tools[0].image, tools[0].image
+    kernel = next(k for k in report.path if k.backend == "exllamav3_ext")
+    assert not kernel.ok
+    assert report.first_start.tool_builds == ["exllamav3_ext*.so"]
+    if "PyInit" in why:
+        assert why in kernel.evidence, kernel.evidence

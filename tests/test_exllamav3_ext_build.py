@@ -1,11 +1,11 @@
 """exllamav3's extension built ahead of time by builders/exllamav3-ext from pinned inputs.
 
-The whole extension (194 translation units) takes hours on two cores, so CI builds one
-small CUDA source (add.cu) the same way, twice, from the pinned inputs bench/
-exllamav3_ext_build.py assembles: the module holds sm_120 machine code and no PTX, names
-torch's libraries as NEEDED, and two builds are byte-identical (nvcc's ``tmpxft_`` local
-symbols stripped). The quick tests hold the builder's source list and arch spelling to
-exllamav3's own rules without compiling.
+The whole extension (194 translation units) takes about an hour on two cores, so CI builds
+one small CUDA source (add.cu) the same way (frank.build.extension with ``only``, from the
+inputs parts/exl3-ext pins), twice: the module holds sm_120 machine code and no PTX, names
+torch's libraries as NEEDED, is kept by key, and two builds are byte-identical (nvcc's
+``tmpxft_`` local symbols stripped). The quick tests hold the builder's source list and
+arch spelling to exllamav3's own rules without compiling.
 """
 
 from __future__ import annotations
@@ -53,38 +53,45 @@ def test_sources_follow_exllamav3s_cuda_rules(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_one_source_builds_for_sm_120_reproducibly(tmp_path: Path) -> None:
+def test_one_source_builds_for_sm_120_reproducibly(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ``--only`` path of frank.build.extension (what bench/exllamav3_ext_build.py and a
+    compose of exl3-ext run), from parts/exl3-ext's pinned inputs in the test store: built
+    once, kept by key (the second call builds nothing), built again from scratch to the
+    same bytes; a source the wheel lacks fails naming it and the log."""
     if shutil.which("g++") is None or shutil.which("dpkg-deb") is None:
         pytest.skip("needs g++ (nvcc's host compiler) and dpkg-deb")
-    bench = _load(REPO / "bench" / "exllamav3_ext_build.py", "exl3_bench")
-    root = bench.assemble(bench.inputs(), Fetcher(BlobStore()))
-    try:
-        digests = []
-        for out in ("a", "b"):
-            cmd = [sys.executable, str(BUILD), "--sources", str(root / "src" / "exllamav3"),
-                   "--cuda-home", str(root / "in" / "nvidia" / "cu13"),
-                   "--torch-include", str(root / "in" / "torch" / "include"),
-                   "--python-include", str(root / "python" / "python3.11"),
-                   "--python-include", str(root / "python" / "x86_64-linux-gnu" / "python3.11"),
-                   "--ext-suffix", ".cpython-311-x86_64-linux-gnu.so", "--archs", "12.0",
-                   "--out", str(tmp_path / out), "--jobs", "1", "--only", "add.cu"]
-            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-            assert proc.returncode == 0, (proc.stderr, (tmp_path / out / "build.log")
-                                          .read_text()[-3000:])
-            so = tmp_path / out / "exllamav3_ext.cpython-311-x86_64-linux-gnu.so"
-            digests.append(hashlib.sha256(so.read_bytes()).hexdigest())
-        code = read_cuda(*file_reader(so))
-        assert code is not None and code.sass == {"sm_120"} and not code.ptx
-        needed = subprocess.run(["readelf", "-d", str(so)], capture_output=True, text=True,
-                                check=True).stdout
-        for lib in ("libc10.so", "libtorch_python.so", "libcudart.so.13"):
-            assert f"[{lib}]" in needed
-        assert "tmpxft" not in subprocess.run(["nm", "-a", str(so)], capture_output=True,
-                                              text=True, check=False).stdout
-        assert digests[0] == digests[1]
-        # a source the wheel does not have is refused, naming it
-        bad = subprocess.run([*cmd[:-1], "no_such.cu"], capture_output=True, text=True,
-                             check=False)
-        assert bad.returncode != 0 and "no_such.cu" in bad.stderr
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    from frank.build import extension
+    from frank.errors import FrankError
+
+    # a fixed root of this test's own: never the one a real build may be using
+    monkeypatch.setattr(extension, "ROOT", tmp_path / "fixed")
+    part = _load(REPO / "bench" / "exllamav3_ext_build.py", "exl3_bench").part()
+    fetcher = Fetcher(BlobStore())
+
+    def build(only: str) -> extension.Built:
+        return extension.build_extension(part, REPO, fetcher, only=[only], jobs=1)
+
+    first = build("add.cu")
+    so = first.module
+    assert so.name == "exllamav3_ext.cpython-311-x86_64-linux-gnu.so"
+    digest = hashlib.sha256(so.read_bytes()).hexdigest()
+    assert first.result["sha256"] == digest and first.result["sources"] == 1
+    kept = (so.stat().st_mtime_ns, first.result["date"])
+    again = build("add.cu")  # the same key: kept, nothing built or unpacked
+    assert again.folder == first.folder and not (tmp_path / "fixed").exists()
+    assert (again.module.stat().st_mtime_ns, again.result["date"]) == kept
+    code = read_cuda(*file_reader(so))
+    assert code is not None and code.sass == {"sm_120"} and not code.ptx
+    needed = subprocess.run(["readelf", "-d", str(so)], capture_output=True, text=True,
+                            check=True).stdout
+    for lib in ("libc10.so", "libtorch_python.so", "libcudart.so.13"):
+        assert f"[{lib}]" in needed
+    assert "tmpxft" not in subprocess.run(["nm", "-a", str(so)], capture_output=True,
+                                          text=True, check=False).stdout
+    shutil.rmtree(first.folder)  # from scratch: the same bytes
+    assert build("add.cu").result["sha256"] == digest
+    # a source the wheel does not have is refused, naming it and the kept log
+    with pytest.raises(FrankError) as err:
+        build("no_such.cu")
+    assert "no_such.cu" in str(err.value) and "full log: " in str(err.value)

@@ -17,7 +17,7 @@ import pytest
 from tests.spine_helpers import frank
 
 SEED = ["mhc-overlap", "exl3-runtime", "exl3-pack", "cpu-experts-sched", "region-cache",
-        "expert-plan"]
+        "expert-plan", "exl3-ext"]  # exl3-ext: issue 52's extension, built on the host
 
 
 def history(repo: Path) -> list[dict]:  # type: ignore[type-arg]
@@ -59,9 +59,9 @@ def test_each_seed_part_of_served_reverts_in_one_step_and_composes(
     else:
         assert name not in names
     if name == "exl3-runtime":
-        assert "exl3-pack" not in names
-        assert out["with_dependents"] == ["exl3-pack"]
-        assert history(repo)[0]["with_dependents"] == ["exl3-pack@2bpw-982b7045"]
+        assert "exl3-pack" not in names and "exl3-ext" not in names
+        assert out["with_dependents"] == ["exl3-ext", "exl3-pack"]
+        assert history(repo)[0]["with_dependents"] == ["exl3-ext@1", "exl3-pack@2bpw-982b7045"]
     # and one step forward again
     undo = frank("revert", "--undo", "--stack", "stacks/served.toml", "--json", cwd=repo)
     assert undo.code == 0, undo.err
@@ -89,8 +89,8 @@ def test_a_required_part_names_every_dependent_and_offers_the_chain(repo: Path) 
     assert done.code == 2
     assert done.err.strip() == (
         "frank: error: stacks/served.toml: parts.exl3-runtime: exl3-runtime is required by "
-        "exl3-pack (requires exl3-runtime): revert them together with --with-dependents (one "
-        "step back, one history entry)")
+        "exl3-ext (requires exl3-runtime), exl3-pack (requires exl3-runtime): revert them "
+        "together with --with-dependents (one step back, one history entry)")
     assert (repo / "stacks/served.toml").read_bytes() == before
 
 

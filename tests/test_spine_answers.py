@@ -171,7 +171,7 @@ def test_revert_errors_name_the_real_stack_file(repo: Path) -> None:
     assert result.code == 2
     assert "frank-tmp" not in result.err and ".revert" not in result.err, result.err
     assert result.err.startswith("frank: error: stacks/served.toml: parts.exl3-runtime: "
-                                 "exl3-runtime is required by exl3-pack")
+                                 "exl3-runtime is required by exl3-ext")
     assert snapshot(repo) == before
 
 

@@ -39,7 +39,8 @@ def test_compose_writes_plan_and_complete_context(repo: Path) -> None:
     # every COPY source of a layer frank does not build on the host exists
     host = {f"layers/{layer['index']:02d}-{layer['name'].replace(':', '-')}/rootfs/"
             for layer in plan["layers"] if layer["wheels"] or layer["patch"]
-            or layer["build_wheels"] or layer["kernel"] or layer.get("aot")}
+            or layer["build_wheels"] or layer["kernel"] or layer.get("aot")
+            or layer.get("extension")}
     for line in dockerfile.splitlines():
         if line.startswith("COPY ") and line.split()[1] not in host:
             assert (out / "context" / line.split()[1]).is_dir()
@@ -146,7 +147,8 @@ def test_revert_that_breaks_a_requirement_writes_nothing(repo: Path) -> None:
     before = snapshot(repo)
     result = frank("revert", "exl3-runtime", cwd=repo)
     assert result.code == 2
-    assert "exl3-runtime is required by exl3-pack (requires exl3-runtime)" in result.err
+    assert ("exl3-runtime is required by exl3-ext (requires exl3-runtime), exl3-pack "
+            "(requires exl3-runtime)") in result.err
     assert "--with-dependents" in result.err
     assert snapshot(repo) == before
 

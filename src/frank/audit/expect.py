@@ -184,6 +184,14 @@ def expected(plan: BuildPlan, lock: Lock, root: Path, store: BlobStore) -> Expec
             aot_dir = f"{want.site}/{layer.aot['dest']}"
             want.free.append((aot_dir, layer.part))
             want.archs.append(WantArchs(layer.part, tuple(layer.aot["archs"]), aot_dir))
+        if layer.extension is not None and layer.part is not None:
+            # a module built on the host: its bytes are the build's; its archs are checked
+            from frank.model.kinds.extension import Extension, ext_suffix
+
+            ext = Extension.model_validate(layer.extension)
+            module = f"{want.site}/{ext.module}{ext_suffix(ext.python_headers)}"
+            want.free.append((module, layer.part))
+            want.archs.append(WantArchs(layer.part, tuple(ext.archs), module))
         if layer.stage is not None:
             for out in layer.stage.outputs:
                 want.free.append((out.strip("/"), part))

@@ -14,7 +14,9 @@ the image; the image is only looked at. Five verdicts, each with its evidence:
   module built ahead of time (``flashinfer/data/aot/<m>/<m>.so`` or the jit-cache
   package), a library (and its symbol), a folder of cubins; the first without one fails;
 - **run-time tools**: a tool the engine calls must be in the image (PATH or the places
-  declared) unless what it would build is there already;
+  declared) unless what it would build is there already: a file with code the device runs
+  and, at the top of the site folder, an extension module ``import <name>`` loads (a
+  suffix the image's Python imports, ``PyInit_<name>``), not a file that merely matches;
 - **the first start**: what still compiles on the device (FlashInfer modules not built
   ahead of time, extensions a tool would build, Triton and TileLang kernels counted in
   the sources, PTX-only libraries the driver compiles).
@@ -25,6 +27,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import posixpath
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -235,6 +238,10 @@ class TargetAudit:
             if how is None:
                 return KernelVerdict(**base, ok=False, where="/" + path,
                                      evidence=_archs(code))
+            wrong = self._not_module(path)
+            if wrong:
+                return KernelVerdict(**base, ok=False, where="/" + path,
+                                     evidence=f"{_archs(code)}; {wrong}")
             if k.symbol and not self._symbol(path, k.symbol):
                 return KernelVerdict(**base, ok=False, where="/" + path,
                                      evidence=f"{_archs(code)}; no symbol {k.symbol}")
@@ -248,6 +255,36 @@ class TargetAudit:
         return KernelVerdict(**base, ok=bool(good), where="/" + folder,
                              evidence=f"{len(good)} of {len(items)} cubins run on {dev}; "
                                       f"archs {' '.join(sorted(seen)) or 'none'}")
+
+    def _not_built(self, path: str) -> str | None:
+        """Why a file a tool would build does not stand in for the build (None: it does).
+        It must hold code the device runs; one at the top of the site folder is an
+        extension module, so it must also be importable there (``_not_module``)."""
+        code = self._code(path)
+        if code is None or runs(code, self.device) is None:
+            return f"/{path} is not built for {self.device.spell('sm')}: {_archs(code)}"
+        return self._not_module(path)
+
+    def _not_module(self, path: str) -> str | None:
+        """For a shared object at the top of the site folder, why ``import <name>`` would
+        not load it as module ``<name>`` (None: it would, or it is no such file): a suffix
+        the image's Python does not import, or no ``PyInit_<name>`` (CPython's entry)."""
+        rel = path.removeprefix(self.site + "/")
+        if rel == path or "/" in rel or not rel.endswith(".so"):
+            return None
+        name, _, tag = rel.partition(".")
+        if tag not in self._ext_tags():
+            return (f"/{path}: the image's Python imports no .{tag} "
+                    f"(it imports {', '.join('.' + t for t in self._ext_tags())})")
+        if not self._symbol(path, f"PyInit_{name}"):
+            return f"/{path} defines no PyInit_{name}: it is not the {name} module"
+        return None
+
+    def _ext_tags(self) -> list[str]:
+        """The extension suffixes of the site folder's CPython (``python3.11`` in it)."""
+        m = re.search(r"/python3\.([0-9]+)/", f"/{self.site}/")
+        tags = [f"cpython-3{m.group(1)}-x86_64-linux-gnu.so"] if m else []
+        return [*tags, "abi3.so", "so"]
 
     def _aot_module(self, name: str) -> str | None:
         for folder in (f"{self.site}/flashinfer/data/aot", f"{self.site}/flashinfer_jit_cache"):
@@ -276,7 +313,9 @@ class TargetAudit:
             for t in d.facts.tools:
                 if not self._when(t.when):
                     continue
-                built = next((hit for b in t.built for hit in self._glob(b)), None)
+                hits = [hit for b in t.built for hit in self._glob(b)]
+                refused = [why for why in map(self._not_built, hits) if why]
+                built = next((h for h in hits if self._not_built(h) is None), None)
                 found = self._which(t.tool, t.paths)
                 lacking = [n for n in t.needs if self.view.get(n) is None]
                 ok = built is not None or (found is not None and not lacking)
@@ -292,8 +331,9 @@ class TargetAudit:
                         check=f"run-time tool missing: {t.by} calls {t.tool} ({t.cite})",
                         lock=f"{' and '.join([t.tool, *t.needs])} in the image" + (
                             f", or one of {', '.join(t.built)} built" if t.built else ""),
-                        image=f"{t.tool} at /{found}, but not {', '.join(lacking)}"
-                        if found else f"no {t.tool}"))
+                        image=(f"{t.tool} at /{found}, but not {', '.join(lacking)}"
+                               if found else f"no {t.tool}") + "".join(
+                            f"; {why}" for why in refused)))
         return out, diffs
 
     def _which(self, tool: str, paths: list[str]) -> str | None:

@@ -273,6 +273,8 @@ def assemble_layer(layer: PlanLayer, plan: BuildPlan, root: Path, staging: Path,
     sources = [root / folder for folder in layer.build_wheels]
     if layer.aot is not None:
         _build_aot(layer, plan, root, staging, fetcher, log)
+    if layer.extension is not None:
+        _build_extension(layer, plan, root, staging, fetcher, log)
     if layer.kernel is not None:
         tree, source = _compile_kernel(layer, root, staging, fetcher)
         # the plugin package is built from the compiled tree, which holds the libraries
@@ -373,6 +375,46 @@ def _build_aot(layer: PlanLayer, plan: BuildPlan, root: Path, staging: Path,
         target.chmod(0o644)
     _log(log, f"layer {layer.index}: {len(paths)} {part.distribution} modules "
               f"({', '.join(sorted(paths))}) at {part.dest}")
+
+
+def _build_extension(layer: PlanLayer, plan: BuildPlan, root: Path, staging: Path,
+                     fetcher: Fetcher, log: Path) -> None:
+    """An extension part's module, built on the host (or kept by key), placed at the top of
+    ``<site-packages>``. Its sources, and the headers of any distribution the closure
+    installs, must be the files the closure installs; its Python, the image's."""
+    from packaging.utils import canonicalize_name
+
+    from frank.build.extension import build_extension
+    from frank.model.kinds.extension import Extension, python_version
+    from frank.model.pins import wheel_filename
+
+    part = Extension.model_validate(layer.extension)
+    assert part.wheel is not None and layer.manifest is not None
+    manifest = root / layer.manifest
+    installed: dict[str, list[str]] = {}
+    for x in plan.layers:
+        for w in x.wheels:
+            installed.setdefault(str(canonicalize_name(w.name)), []).append(w.sha256)
+    pinned = [("wheel", part.distribution, part.wheel.sha256)] + [
+        ("headers", wheel_filename(str(w.url)).split("-", 1)[0], w.sha256)
+        for w in part.headers]
+    for where, dist, sha in pinned:
+        have = installed.get(str(canonicalize_name(dist))) or []
+        if (where == "wheel" or have) and sha not in have:
+            raise FrankError(f"{part.module} would be built from {dist} {sha[:12]}, but the "
+                             f"closure installs {', '.join(h[:12] for h in have) or 'none'}",
+                             file=manifest, field=where)
+    version = python_version(part.python_headers)
+    if f"/python{version}/" not in f"{plan.site_packages}/":
+        raise FrankError(f"the headers are CPython {version}'s, but the image's site folder "
+                         f"is {plan.site_packages}", file=manifest, field="python_headers")
+    built = build_extension(part, root, fetcher, manifest=manifest)
+    target = staging / plan.site_packages.strip("/") / built.module.name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(built.module, target)
+    target.chmod(0o644)
+    _log(log, f"layer {layer.index}: {built.module.name} (sha256 {built.result['sha256']}, "
+              f"key {built.folder.name[:16]}) at the top of the site folder")
 
 
 def stage_host_layers(plan: BuildPlan, root: Path, context: Path, *, log: Path,

@@ -34,7 +34,7 @@ def host_built(layer: PlanLayer) -> bool:
     """Whether frank assembles this layer on the host (wheels, a patch, a kernel, files it
     fetches, whiteouts of an engine image's distributions)."""
     return bool(layer.wheels or layer.patch or layer.build_wheels or layer.kernel
-                or layer.aot or layer.base_remove or layer.fetched)
+                or layer.aot or layer.extension or layer.base_remove or layer.fetched)
 
 
 def checked_out(layer: PlanLayer) -> bool:

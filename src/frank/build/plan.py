@@ -25,6 +25,7 @@ from frank.model.kinds.aot import Aot
 from frank.model.kinds.base import PartBase, PartContext, Strict
 from frank.model.kinds.derived import Derived
 from frank.model.kinds.engine import EngineBase, torch_arch_list
+from frank.model.kinds.extension import Extension
 from frank.model.kinds.kernel import Kernel
 from frank.model.kinds.package import Package
 from frank.model.kinds.patch import Patch
@@ -146,6 +147,8 @@ class PlanLayer(Strict):
     kernel: dict[str, Any] | None = None  # a kernel part's spec, compiled on the host
     # an aot part's spec: its modules built on the host (frank.build.aot), one key each
     aot: dict[str, Any] | None = Field(default=None, exclude_if=lambda v: v is None)
+    # an extension part's spec: its module built on the host (frank.build.extension)
+    extension: dict[str, Any] | None = Field(default=None, exclude_if=lambda v: v is None)
     manifest: str | None = None  # the part's manifest, repo-relative (errors name it)
     impure: bool = False  # runs commands inside the image (a container engine), see `run`
     network: bool = False  # those commands reach the network (pip, git, apt-get, a URL)
@@ -442,6 +445,7 @@ def _part_layer(locked: LockedPart, part: PartBase, root: Path) -> PlanLayer | N
     build_wheels = list(contribution.build_wheels)
     kernel = locked.spec if isinstance(part, Kernel) else None
     aot = locked.spec if isinstance(part, Aot) else None
+    extension = locked.spec if isinstance(part, Extension) else None
     run = [] if (build_wheels or kernel) else list(contribution.run)
     pip = [] if (build_wheels or kernel) else list(contribution.pip_install)
     stage = None
@@ -455,7 +459,7 @@ def _part_layer(locked: LockedPart, part: PartBase, root: Path) -> PlanLayer | N
                           if src is not None else None)
     fetched = [FetchedFile(url=u, sha256=h, dest=d) for u, h, d in contribution.fetched]
     if not (contribution.files or contribution.generated or pip or run or build_wheels
-            or kernel or aot or stage or fetched):
+            or kernel or aot or extension or stage or fetched):
         return None
     # The part's key, and how frank turns it into a layer: a change to either is a
     # different layer, so a cached layer is never reused for other content.
@@ -465,6 +469,7 @@ def _part_layer(locked: LockedPart, part: PartBase, root: Path) -> PlanLayer | N
                        "build_wheels": build_wheels, "kernel": kernel,
                        "stage": stage.model_dump() if stage else None,
                        **({"aot": aot} if aot else {}),
+                       **({"extension": extension} if extension else {}),
                        **({"fetched": [f.model_dump() for f in fetched]} if fetched else {}),
                        "format": INSTALL_FORMAT, "site": SITE_PACKAGES})
     return PlanLayer(
@@ -473,8 +478,8 @@ def _part_layer(locked: LockedPart, part: PartBase, root: Path) -> PlanLayer | N
         files=[CopyStep(src=f.src, dest=f.dest) for f in contribution.files],
         generated=[GeneratedFile(dest=d, text=t) for d, t in contribution.generated],
         pip_install=pip, run=run, why=contribution.why, build_wheels=build_wheels,
-        kernel=kernel, aot=aot, manifest=locked.manifest, impure=bool(run or stage),
-        stage=stage,
+        kernel=kernel, aot=aot, extension=extension, manifest=locked.manifest,
+        impure=bool(run or stage), stage=stage,
         network=contribution.network, fetched=fetched)
 
 

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from frank.model.kinds.derived import Derived
     from frank.model.kinds.engine import EngineBase
     from frank.model.kinds.env import EnvSwitch
+    from frank.model.kinds.extension import Extension
     from frank.model.kinds.kernel import Kernel
     from frank.model.kinds.package import Package
     from frank.model.kinds.patch import Patch
@@ -28,8 +29,8 @@ if TYPE_CHECKING:
     from frank.model.kinds.weights import Weights
 
     AnyPart = Annotated[
-        EngineBase | Patch | Package | Binary | Kernel | Aot | Plugin | Data | Derived
-        | Weights | EnvSwitch | Step, "discriminated by kind"]
+        EngineBase | Patch | Package | Binary | Kernel | Aot | Extension | Plugin | Data
+        | Derived | Weights | EnvSwitch | Step, "discriminated by kind"]
 
 # kind -> (module, class), in the order errors list the kinds
 _KINDS: dict[str, tuple[str, str]] = {
@@ -39,6 +40,7 @@ _KINDS: dict[str, tuple[str, str]] = {
     "binary": ("frank.model.kinds.binary", "Binary"),
     "kernel": ("frank.model.kinds.kernel", "Kernel"),
     "aot": ("frank.model.kinds.aot", "Aot"),
+    "extension": ("frank.model.kinds.extension", "Extension"),
     "plugin": ("frank.model.kinds.plugin", "Plugin"),
     "data": ("frank.model.kinds.data", "Data"),
     "derived": ("frank.model.kinds.derived", "Derived"),

@@ -88,6 +88,23 @@ def read_modules(text: str, *, label: str, manifest: Any) -> list[AotModule]:
     return out
 
 
+def builder_inputs(builder: Program, toolchain: list[PinnedWheel], ctx: PartContext
+                   ) -> dict[str, str]:
+    """A host build's program (its folder's tree hash), its main file checked, and its
+    toolchain checked to be one CUDA release with an nvcc (``frank.model.cuda``)."""
+    release = check_one_release([wheel_filename(str(w.url)) for w in toolchain],
+                                file=ctx.manifest, field="toolchain")
+    if release is None:
+        raise FrankError("no nvidia-cuda-nvcc among the toolchain wheels",
+                         file=ctx.manifest, field="toolchain")
+    path = builder.path.rstrip("/")
+    out = {f"{path}/": ctx.tree_hash(builder.path, "builder.path")}
+    if not ctx.path(f"{path}/{builder.main}", "builder.main").is_file():
+        raise FrankError(f"{path}/{builder.main!r} is not a file",
+                         file=ctx.manifest, field="builder.main")
+    return out
+
+
 class Aot(PartBase):
     """Modules a library would JIT-compile, built ahead of time on the host (module
     docstring)."""
@@ -112,16 +129,7 @@ class Aot(PartBase):
 
     def inputs(self, ctx: PartContext) -> dict[str, str]:
         assert self.wheel is not None and self.toolchain is not None
-        release = check_one_release([wheel_filename(str(w.url)) for w in self.toolchain],
-                                    file=ctx.manifest, field="toolchain")
-        if release is None:
-            raise FrankError("no nvidia-cuda-nvcc among the toolchain wheels",
-                             file=ctx.manifest, field="toolchain")
-        path = self.builder.path.rstrip("/")
-        out = {f"{path}/": ctx.tree_hash(self.builder.path, "builder.path")}
-        if not ctx.path(f"{path}/{self.builder.main}", "builder.main").is_file():
-            raise FrankError(f"{path}/{self.builder.main!r} is not a file",
-                             file=ctx.manifest, field="builder.main")
+        out = builder_inputs(self.builder, self.toolchain, ctx)
         digest = ctx.file_hash(self.modules, "modules")
         read_modules(ctx.path(self.modules, "modules").read_text(encoding="utf-8"),
                      label=self.modules, manifest=ctx.manifest)
