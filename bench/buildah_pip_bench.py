@@ -83,8 +83,8 @@ def context_for(stack: Path, ctx: Path) -> int:
 
 def buildah_once(stack: Path, work: Path) -> tuple[float, str, int]:
     """One buildah build from an empty engine storage: seconds, image digest, bytes."""
-    from frank.build.base import resolve_base
-    from frank.build.engines import build_dockerfile, get_engine
+    from frank.assemble.base import resolve_base
+    from frank.assemble.engines import build_dockerfile, get_engine
     from frank.store.blobs import BlobStore
 
     cache = work / "cache"

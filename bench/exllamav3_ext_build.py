@@ -4,7 +4,7 @@ print the time, the peak memory and the module's sha256.
 The inputs are the ones parts/exl3-ext/1.toml pins (the exllamav3 wheel, the CUDA 13.0
 toolchain, torch 2.11's and cuBLAS/cuSPARSE/cuSOLVER/cuRAND's headers, Python 3.11's
 headers from libpython3.11-dev), fetched through frank's store (verified); the build is
-``frank.build.extension`` running builders/exllamav3-ext/build.py (standard library, no
+``frank.assemble.extension`` running builders/exllamav3-ext/build.py (standard library, no
 network), so a key this script builds is the key `frank compose` of a stack with exl3-ext
 finds: the output is kept at ``$FRANK_CACHE/exllamav3-ext/<key>/`` and the same key builds
 nothing. ``--archs`` (torch's spelling), ``--only SRC`` (a few sources: CI's check) and
@@ -24,7 +24,7 @@ import time
 import tomllib
 from pathlib import Path
 
-from frank.build.extension import build_extension
+from frank.assemble.extension import build_extension
 from frank.errors import FrankError
 from frank.model.kinds import PART_ADAPTER
 from frank.model.kinds.extension import Extension

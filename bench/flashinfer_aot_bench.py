@@ -8,7 +8,7 @@ Three runs of served's ``aot:flashinfer-aot`` layer, each a fresh process under
 2. unchanged: cache A again (every module kept by key: must be about 0 s);
 3. cold again in an empty cache B.
 
-Each run assembles the layer exactly as ``frank compose`` does (``frank.build.builder``'s
+Each run assembles the layer exactly as ``frank compose`` does (``frank.assemble.builder``'s
 ``assemble_layer`` on served's plan, then ``frank.image.layer.build_layer`` with the plan's
 key) and prints the layer's digest: A and B must agree. That layer is the only one of the
 served image this part changes, so equal layer digests give equal image digests when the
@@ -38,8 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def child(plan_path: Path, layer_name: str) -> None:
     """One run in this process's FRANK_CACHE: the layer assembled and tarred; JSON out."""
-    from frank.build.builder import OCI_BUILDER_VERSION, assemble_layer
-    from frank.build.plan import BuildPlan
+    from frank.assemble.builder import OCI_BUILDER_VERSION, assemble_layer
+    from frank.assemble.plan import BuildPlan
     from frank.hashing import sha256_file, sha256_json
     from frank.image.layer import build_layer
     from frank.image.spec import LayerInput

@@ -3,7 +3,7 @@
 Two steps, two machines:
 
 ``prepare`` (here, with frank): builds ``norm`` and ``silu_and_mul`` for "9.0a 12.0f" with
-frank's builder (``frank.build.aot``, the served part's pinned wheels and toolchain,
+frank's builder (``frank.assemble.aot``, the served part's pinned wheels and toolchain,
 builders/flashinfer-aot/gpu-proof.toml) and writes a kit folder: the two ``.so`` files (the
 bytes frank's layer holds, by sha256), the flashinfer-python wheel the part builds from
 (checked by sha256) and the pure-Python/cp312 wheels FlashInfer imports, and
@@ -59,7 +59,7 @@ def sha256(path: Path) -> str:
 def prepare(args: argparse.Namespace) -> None:
     import tomllib
 
-    from frank.build.aot import build_modules
+    from frank.assemble.aot import build_modules
     from frank.model.kinds import PART_ADAPTER
 
     root = Path(__file__).resolve().parents[1]

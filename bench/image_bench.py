@@ -29,8 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from frank.build.base import resolve_base
-from frank.build.baselayout import BaseImage, layout_from_rootfs
+from frank.assemble.base import resolve_base
+from frank.assemble.baselayout import BaseImage, layout_from_rootfs
 from frank.image.oci import build_image, read_layout
 from frank.image.spec import ImageSpec, LayerInput
 from frank.store.blobs import BlobStore

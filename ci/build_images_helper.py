@@ -58,7 +58,7 @@ def lock_digest(lock_file: Path) -> str:
 
 def print_check(layout: Path, lock_file: Path, out_dir: Path, what: str) -> str:
     """Run the image's entrypoint with --print; its lock digest must be the lock file's."""
-    from frank.build.engines import run_image
+    from frank.assemble.engines import run_image
 
     want = lock_digest(lock_file)
     proc = run_image(layout, ["--print"], check=False, timeout=300)

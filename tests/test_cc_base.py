@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from frank.build.base import resolve_base
+from frank.assemble.base import resolve_base
 from frank.errors import FrankError
 from frank.image.oci import read_layout
 from frank.model.imagefile import load_image_file

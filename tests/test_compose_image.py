@@ -64,7 +64,7 @@ def test_compose_smoke_image_is_reproducible_and_incremental(repo: Path, tmp_pat
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("buildah") is None, reason="buildah not installed")
 def test_image_entrypoint_prints_what_the_lock_says(repo: Path) -> None:
-    from frank.build.engines import run_image
+    from frank.assemble.engines import run_image
 
     summary = compose(repo, "stacks/smoke-cpu.toml")
     lock = json.loads((repo / "stacks/smoke-cpu.lock").read_text())

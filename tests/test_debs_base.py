@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from frank.build.base import resolve_base
-from frank.build.baselayout import BaseImage
-from frank.build.debs.build import debs_base
+from frank.assemble.base import resolve_base
+from frank.assemble.baselayout import BaseImage
+from frank.assemble.debs.build import debs_base
 from frank.errors import FrankError
 from frank.image.oci import read_layout
 from frank.model.imagefile import DebsSource, load_image_file

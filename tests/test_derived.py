@@ -96,8 +96,8 @@ def test_lock_derives_once_then_check_and_relock_reuse(repo: Path, cache: Path,
 def test_output_is_placed_like_a_data_file(repo: Path, cache: Path, tmp_path: Path) -> None:
     """The plan places the kept bytes at dest, and the engine's variable points at them; a
     fresh store (another machine, a clone) makes them again and gets the same bytes."""
-    from frank.build.context import stage_layer
-    from frank.build.plan import BuildPlan
+    from frank.assemble.context import stage_layer
+    from frank.assemble.plan import BuildPlan
 
     write_stack(repo, "from-traces")
     assert frank("lock", "plan-smoke", cwd=repo).code == 0

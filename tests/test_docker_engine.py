@@ -77,7 +77,7 @@ def config_digest(layout: Path) -> str:
 
 
 def test_a_loaded_image_has_the_config_digest_as_its_id(client: Any, tmp_path: Path) -> None:
-    from frank.build.dockerapi import load_layout
+    from frank.assemble.dockerapi import load_layout
 
     layout = tiny_layout(tmp_path / "ok")
     loaded = load_layout(client, layout, "frank-test:tiny", reuse=False)
@@ -89,7 +89,7 @@ def test_a_loaded_image_has_the_config_digest_as_its_id(client: Any, tmp_path: P
 
 def test_the_daemon_refuses_a_config_that_lies_about_a_layer(client: Any,
                                                              tmp_path: Path) -> None:
-    from frank.build.dockerapi import load_layout
+    from frank.assemble.dockerapi import load_layout
 
     layout = tiny_layout(tmp_path / "lie", diff_id="sha256:" + "0" * 64)
     with pytest.raises(FrankError, match="invalid diffID for layer 0"):
@@ -114,7 +114,7 @@ def test_a_layer_changed_after_the_manifest_was_read_stops_the_load(client: Any,
 
 def test_the_locks_gpus_become_a_device_request(client: Any, tmp_path: Path) -> None:
     """Made, not started: this daemon has no NVIDIA runtime (and this machine no GPU)."""
-    from frank.build.dockerapi import load_layout
+    from frank.assemble.dockerapi import load_layout
     from frank.run.dockerrun import DockerSpec, create_kwargs
 
     loaded = load_layout(client, tiny_layout(tmp_path / "gpu"), "frank-test:gpu")
@@ -338,7 +338,7 @@ def test_builder_docker_refuses_a_network_step_before_any_work(
         docker_host: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A step that needs the network would need build secrets, which the legacy builder lacks:
     one line naming --builder and what to use, before a source is fetched or a base made."""
-    from frank.build.engines import build_dockerfile, get_engine
+    from frank.assemble.engines import build_dockerfile, get_engine
     from frank.store.blobs import BlobStore
     from tests.test_issue31_recipes import child, source_part
 
@@ -371,8 +371,8 @@ def test_a_docker_export_that_is_not_the_image_is_refused(client: Any, tmp_path:
     """What the daemon hands back is hashed as it is read: a layer whose bytes differ from its
     diff_id, or a config that is not the image the daemon named, never reaches the store as
     the image."""
-    from frank.build.dockerapi import load_layout
-    from frank.build.dockerbuild import read_export
+    from frank.assemble.dockerapi import load_layout
+    from frank.assemble.dockerbuild import read_export
     from frank.store.blobs import BlobStore
 
     loaded = load_layout(client, tiny_layout(tmp_path / "tiny"), "frank-test:export")

@@ -1,5 +1,5 @@
 """parts/exl3-ext: exllamav3's extension as an ``extension`` part (frank.model.kinds.extension,
-frank.build.extension), checked without compiling: every field is in the inputs the lock
+frank.assemble.extension), checked without compiling: every field is in the inputs the lock
 records or in the build's key, a changed input changes the key, a wrong field is one line.
 The build itself (one source, ``--only``) is tests/test_exllamav3_ext_build.py's slow test;
 the whole module is bench/exllamav3_ext_build.py's (about an hour on 2 cores).
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from frank.build.extension import build_key, inputs, torch_archs
+from frank.assemble.extension import build_key, inputs, torch_archs
 from frank.errors import FrankError
 from frank.model.kinds import PART_ADAPTER
 from frank.model.kinds.base import PartContext
@@ -80,7 +80,7 @@ def test_the_builder_sources_and_python_are_in_the_key(
     assert _key(part) == base  # stable
     assert _key(part, only=["add.cu"]) != base
     assert _key(part, python=["a" * 64]) != base
-    import frank.build.extension as extension
+    import frank.assemble.extension as extension
 
     monkeypatch.setattr(extension, "ROOT", tmp_path / "fixed")  # nvcc writes paths in
     assert _key(part) != base
@@ -155,8 +155,8 @@ def test_the_build_refuses_what_the_image_would_not_match(repo: Path, tmp_path: 
     layer is refused before anything is fetched or built, naming the field."""
     import copy
 
-    from frank.build.builder import _build_extension
-    from frank.build.plan import build_plan
+    from frank.assemble.builder import _build_extension
+    from frank.assemble.plan import build_plan
     from frank.resolve.lock import read_lock
     from frank.store.blobs import BlobStore
     from frank.store.fetch import Fetcher
@@ -182,7 +182,7 @@ def test_a_kept_module_is_used_only_if_it_is_what_its_record_says(tmp_path: Path
     import hashlib
     import json
 
-    from frank.build.extension import build_extension
+    from frank.assemble.extension import build_extension
     from frank.store.blobs import BlobStore
     from frank.store.fetch import Fetcher
 

@@ -1,7 +1,7 @@
 """exllamav3's extension built ahead of time by builders/exllamav3-ext from pinned inputs.
 
 The whole extension (194 translation units) takes about an hour on two cores, so CI builds
-one small CUDA source (add.cu) the same way (frank.build.extension with ``only``, from the
+one small CUDA source (add.cu) the same way (frank.assemble.extension with ``only``, from the
 inputs parts/exl3-ext pins), twice: the module holds sm_120 machine code and no PTX, names
 torch's libraries as NEEDED, is kept by key, and two builds are byte-identical (nvcc's
 ``tmpxft_`` local symbols stripped). The quick tests hold the builder's source list and
@@ -55,13 +55,13 @@ def test_sources_follow_exllamav3s_cuda_rules(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_one_source_builds_for_sm_120_reproducibly(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """The ``--only`` path of frank.build.extension (what bench/exllamav3_ext_build.py and a
+    """The ``--only`` path of frank.assemble.extension (what bench/exllamav3_ext_build.py and a
     compose of exl3-ext run), from parts/exl3-ext's pinned inputs in the test store: built
     once, kept by key (the second call builds nothing), built again from scratch to the
     same bytes; a source the wheel lacks fails naming it and the log."""
     if shutil.which("g++") is None or shutil.which("dpkg-deb") is None:
         pytest.skip("needs g++ (nvcc's host compiler) and dpkg-deb")
-    from frank.build import extension
+    from frank.assemble import extension
     from frank.errors import FrankError
 
     # a fixed root of this test's own: never the one a real build may be using

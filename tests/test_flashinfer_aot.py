@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from frank.build import aot as aotbuild
-from frank.build import kernel as kernelbuild
+from frank.assemble import aot as aotbuild
+from frank.assemble import kernel as kernelbuild
 from frank.errors import FrankError
 from frank.hashing import sha256_file
 from frank.model.cuda import check_one_release

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from frank.build.patching import apply_to_wheel
-from frank.build.wheel import build_wheel
+from frank.assemble.patching import apply_to_wheel
+from frank.assemble.wheel import build_wheel
 from frank.errors import FrankError
 from frank.model.diffs import split_diff
 from frank.model.kinds.patch import touches_compiled

@@ -217,9 +217,9 @@ def test_source_build_composes_offline_with_its_commit_in_the_lock(
     stage_text = dockerfile[dockerfile.index("AS build-demo-src"):]
     assert stage_text.index("COPY layers/") < stage_text.index("RUN ")
     # what a container build stages there first: frank's checkout at the stage's path
-    from frank.build.builder import _check_out_source
-    from frank.build.context import layer_dir
-    from frank.build.plan import BuildPlan
+    from frank.assemble.builder import _check_out_source
+    from frank.assemble.context import layer_dir
+    from frank.assemble.plan import BuildPlan
 
     planned = next(x for x in BuildPlan.model_validate(plan).layers
                    if x.name == "package:demo-src")
@@ -544,8 +544,8 @@ def test_only_a_build_that_runs_network_commands_keeps_the_network(repo: Path,
     """A post-install step runs offline: its container build is cut off the network. A
     source build's git clone, apt-get and pip need it; the shipped served stacks run nothing
     in a container at all."""
-    from frank.build.builder import needs_network
-    from frank.build.plan import BuildPlan
+    from frank.assemble.builder import needs_network
+    from frank.assemble.plan import BuildPlan
 
     step_part(repo, ["/opt/frank/jit/cache"])
     child(repo, "stepped", {"jit-step": "1"})
@@ -597,7 +597,7 @@ def test_an_output_the_step_does_not_produce_is_an_error(tmp_path: Path) -> None
 def test_a_failed_build_quotes_the_steps_own_line_not_buildahs_echo(tmp_path: Path) -> None:
     """buildah echoes each RUN command (the step's words inside it, quoted) and shares one
     pipe with the container's stderr, so the line can come mid-line after a progress note."""
-    from frank.build.builder import _step_failure
+    from frank.assemble.builder import _step_failure
 
     echo = ("STEP 6/9: RUN { test -e /opt/frank/gen || { echo 'frank: step gen-step did not "
             "produce its output /opt/frank/gen' >&2; exit 1; }; }\n")
@@ -868,7 +868,7 @@ def test_a_step_builds_in_a_container_and_its_layer_holds_only_its_output(
     with_output = [x for x in layers if "opt/frank/gen/archs.txt" in x]
     assert len(with_output) == 1
     assert with_output[0]["opt/frank/gen/archs.txt"] == b"12.0f\n"  # frank's spelling
-    from frank.build.engines import can_cut_network
+    from frank.assemble.engines import can_cut_network
 
     if can_cut_network():  # a step never reaches the network (PyPI answers this machine)
         assert with_output[0]["opt/frank/gen/network.txt"] == b"offline\n"
@@ -950,8 +950,8 @@ def test_kept_outputs_are_read_from_the_layers_up_to_the_stages_marker(tmp_path:
     import io
     import tarfile
 
-    from frank.build import stepcache
-    from frank.build.plan import PlanLayer, StageStep
+    from frank.assemble import stepcache
+    from frank.assemble.plan import PlanLayer, StageStep
 
     layout = tmp_path / "image"
     (layout / "blobs/sha256").mkdir(parents=True)

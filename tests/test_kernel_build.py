@@ -1,4 +1,4 @@
-"""frank.build.kernel compiles rs8 on the host with its pinned toolchain (no GPU needed).
+"""frank.assemble.kernel compiles rs8 on the host with its pinned toolchain (no GPU needed).
 
 The toolchain wheels (about 110 MB from PyPI) are fetched once per machine into the
 default frank cache and handed to each test's own cache as a mirror folder, so the
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from frank.build import kernel as kernelbuild
+from frank.assemble import kernel as kernelbuild
 from frank.errors import FrankError
 from frank.hashing import sha256_file
 from frank.model.catalog import load_manifest

@@ -14,7 +14,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "frank"
 # frank's stages in the order data flows through them; a module may import from its own stage
 # or an earlier one. The three root modules (errors, fsutil, hashing) come before all.
-STAGES = ["model", "store", "image", "resolve", "build", "audit", "history", "run", "ship",
+STAGES = ["model", "store", "image", "resolve", "assemble", "audit", "history", "run", "ship",
           "trial", "cli"]
 ROOT_MODULES = {"errors", "fsutil", "hashing"}
 
@@ -83,12 +83,13 @@ def test_the_check_catches_a_backwards_import(tmp_path: Path) -> None:
     """The checker itself can fail: a store module importing the builder is named."""
     pkg = tmp_path / "frank"
     (pkg / "store").mkdir(parents=True)
-    (pkg / "build").mkdir()
-    for p in (pkg / "__init__.py", pkg / "store" / "__init__.py", pkg / "build" / "__init__.py"):
+    (pkg / "assemble").mkdir()
+    for p in (pkg / "__init__.py", pkg / "store" / "__init__.py",
+              pkg / "assemble" / "__init__.py"):
         p.write_text("")
-    (pkg / "build" / "plan.py").write_text("X = 1\n")
-    (pkg / "store" / "blobs.py").write_text("def f():\n    from frank.build import plan\n")
+    (pkg / "assemble" / "plan.py").write_text("X = 1\n")
+    (pkg / "store" / "blobs.py").write_text("def f():\n    from frank.assemble import plan\n")
     assert layering_violations(pkg) == [
-        "frank/store/blobs.py:2: frank.store.blobs imports frank.build.plan"]
+        "frank/store/blobs.py:2: frank.store.blobs imports frank.assemble.plan"]
     with pytest.raises(ValueError):
         _stage("os.path")

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
+from frank.assemble.install import install_wheels
+from frank.assemble.wheel import build_wheel
 from frank.audit.checks import installed_dists
 from frank.audit.layers import read_image
-from frank.build.install import install_wheels
-from frank.build.wheel import build_wheel
 from frank.image.inventory import base_inventory, cached_inventory
 from frank.store.blobs import BlobStore
 from tests.http_helpers import serve_folder
@@ -377,8 +377,8 @@ def test_a_url_patch_alone_is_fetched_on_the_host_and_applied_offline(
         repo: Path, world: dict[str, object], tmp_path: Path) -> None:
     """With no package part the image's files are not read: the patch is applied with
     `patch` in the image (a container step), but the file is fetched here, never there."""
-    from frank.build.builder import stage_host_layers
-    from frank.build.plan import BuildPlan
+    from frank.assemble.builder import stage_host_layers
+    from frank.assemble.plan import BuildPlan
 
     stack = _stack(repo, "fix", ["oi-engine", "eng-fix"])
     result = frank("compose", stack, "--builder", "none", "--json", cwd=repo)

@@ -203,7 +203,7 @@ def test_the_mirror_folder_serves_an_index_wheel(repo: Path, index: Index,
                                                   tmp_path: Path) -> None:
     """A build fetches the closure's wheels by sha256: store, mirror folder, then the URL
     (the index), so an air-gapped build takes the index's wheel from the mirror."""
-    from frank.build.plan import closure_wheels
+    from frank.assemble.plan import closure_wheels
     from frank.resolve.lock import read_lock
     from frank.store.blobs import BlobStore
     from frank.store.fetch import Fetcher, Pinned

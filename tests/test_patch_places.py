@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from frank.build.patching import apply_to_files
+from frank.assemble.patching import apply_to_files
 from frank.errors import FrankError
 
 ORIGINAL = {"pkg/serve.py": b"GREETING = 'hello'\n"}

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from frank.build.engines import storage_driver
+from frank.assemble.engines import storage_driver
 from frank.store.blobs import leave_users
 from tests.fixtures.local_hub import publish
 from tests.fixtures.tiny_model import build_tiny_model
@@ -129,7 +129,7 @@ def one_line(result: subprocess.CompletedProcess[str], *needles: str) -> str:
 
 
 def frank_containers() -> set[str]:
-    engine = subprocess.run([sys.executable, "-c", "from frank.build.engines import "
+    engine = subprocess.run([sys.executable, "-c", "from frank.assemble.engines import "
                              "get_engine; print(' '.join(get_engine('buildah').base_args()))"],
                             capture_output=True, text=True, check=True).stdout.split()
     out = subprocess.run([*engine, "containers", "--format", "{{.ContainerName}}"],
@@ -416,7 +416,7 @@ def test_an_engine_that_never_answers_is_stopped_at_the_deadline(built: dict[str
 # --- issue 53: a run killed by SIGKILL takes its engine with it; gc stops orphans -------------
 
 def engine_root() -> str:
-    out = subprocess.run([sys.executable, "-c", "from frank.build.engines import get_engine; "
+    out = subprocess.run([sys.executable, "-c", "from frank.assemble.engines import get_engine; "
                           "print(get_engine('buildah').root)"],
                          capture_output=True, text=True, check=True).stdout.strip()
     return out

@@ -7,7 +7,7 @@ import os
 import time
 from pathlib import Path
 
-from frank.build.engines import reap_runroots
+from frank.assemble.engines import reap_runroots
 
 
 def _runroot(top: Path, storage: Path, *extra: str, age_s: float = 0) -> Path:

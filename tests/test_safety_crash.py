@@ -383,7 +383,7 @@ def test_concurrent_composes_of_one_output(template: Path, tmp_path: Path) -> No
 
 @pytest.fixture
 def mini(tmp_path: Path) -> Any:
-    from frank.build.baselayout import BaseImage, layout_from_rootfs
+    from frank.assemble.baselayout import BaseImage, layout_from_rootfs
     from frank.store.blobs import BlobStore
 
     root = tmp_path / "base-rootfs"

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-import frank.build.context as context
+import frank.assemble.context as context
 from frank.errors import FrankError
 from frank.hashing import sha256_tree
 from frank.image.layer import collect

@@ -51,7 +51,7 @@ def ok(result: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[
 @pytest.fixture
 def mini(tmp_path: Path) -> Any:
     """A one-layer base and a spec of two small layers over it, on a cache of this test."""
-    from frank.build.baselayout import layout_from_rootfs
+    from frank.assemble.baselayout import layout_from_rootfs
     from frank.image.spec import ImageSpec, LayerInput
     from frank.store.blobs import BlobStore
 
@@ -227,8 +227,8 @@ def test_an_edited_podman_copy_is_imported_again(smoke: dict[str, Path]) -> None
 
 def _stage_layout(tmp_path: Path) -> tuple[Any, Path]:
     """A layout whose history marks a stage's layer, holding its outputs under /opt/out."""
-    from frank.build import stepcache
-    from frank.build.plan import PlanLayer, StageStep
+    from frank.assemble import stepcache
+    from frank.assemble.plan import PlanLayer, StageStep
 
     layout = tmp_path / "image"
     (layout / "blobs/sha256").mkdir(parents=True)
@@ -269,7 +269,7 @@ STEP_EDITS = ["edit a file", "add a file", "add a link to /etc/shadow", "remove 
 
 @pytest.mark.parametrize("edit", STEP_EDITS)
 def test_edited_kept_outputs_are_moved_aside(tmp_path: Path, edit: str) -> None:
-    from frank.build import stepcache
+    from frank.assemble import stepcache
 
     layer, layout = _stage_layout(tmp_path)
     store = tmp_path / "store"
@@ -462,7 +462,7 @@ def test_an_output_blob_edited_with_its_record_fixed_is_rewritten(mini: Any,
 
 
 def _debs_base(cache: Path) -> Any:
-    from frank.build.base import resolve_base
+    from frank.assemble.base import resolve_base
     from frank.store.blobs import BlobStore
     from tests.spine_helpers import REPO
 
@@ -488,7 +488,7 @@ def test_a_tampered_base_record_is_made_again(debs_cache: Path, mini: Any, tmp_p
     """A cached base is used only when its layout (always ``bases/<key>``) is the recorded
     digest, every blob hashes to its name and its dpkg status lists the locked packages;
     anything else is moved aside and the base made again: the same digest as before."""
-    from frank.build.baselayout import BaseImage
+    from frank.assemble.baselayout import BaseImage
 
     cache = tmp_path / "copied-cache"
     shutil.copytree(debs_cache, cache, symlinks=True)
@@ -727,7 +727,7 @@ def test_gc_removes_what_killed_runs_and_builds_left_and_only_that(
     import signal
     import time
 
-    from frank.build.engines import _runroot
+    from frank.assemble.engines import _runroot
 
     def run(*extra: str) -> subprocess.CompletedProcess[str]:
         return frank("run", "stacks/smoke-cpu.toml", "--engine", "buildah", "--hub-cache",

@@ -140,7 +140,7 @@ FRESH = 1750000000  # 2025-06-15: the base's header, far past SOURCE_DATE_EPOCH 
 def fresh_base(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """The test base plus a layer holding /usr/include/demo.h at FRESH (an official image's
     files carry their real times): an OCI layout and its digest."""
-    from frank.build.base import resolve_base
+    from frank.assemble.base import resolve_base
     from frank.image.oci import layout_blob_path, layout_manifests, resolve_manifest
     from frank.store.blobs import BlobStore
     from tests.oci_helpers import tar_of, write_layout
@@ -159,7 +159,7 @@ def fresh_base(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 
 def test_the_layer_time_is_the_bases_newest_file_time_kept_by_its_digest(
         tmp_path: Path) -> None:
-    from frank.build.engines import newest_file_time
+    from frank.assemble.engines import newest_file_time
     from frank.image.oci import layout_manifests
     from tests.oci_helpers import tar_of, write_layout
 
@@ -184,7 +184,7 @@ kernel.so: /usr/include/demo.h kernel.c
 
 def in_image(layout: Path, *argv: str) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` in a container of the image (not its entrypoint), chroot isolation."""
-    from frank.build.engines import _oci_ref, detect
+    from frank.assemble.engines import _oci_ref, detect
 
     engine = next(e for e in detect() if e.name == "buildah")
     with _oci_ref(layout) as ref:
@@ -303,7 +303,7 @@ def test_a_source_builds_wheel_carries_the_version_its_commit_implies(
     stage's own commands, on the host, with setuptools-scm from PyPI): the wheel is
     0.3.1.dev2+g<hash>, where without it setuptools-scm finds no .git and fails. A tag
     added later does not move a locked version: it is pinned in the lock."""
-    from frank.build.plan import BuildPlan
+    from frank.assemble.plan import BuildPlan
     from frank.store import gitsource
     from tests.test_issue31_recipes import child, compose_none, layer, source_part
 

@@ -102,7 +102,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 def containers_of(tmp: Path) -> list[str]:
     """Working containers (and images) of this module's layouts: other tests may be running
     their own in the same storage."""
-    engine = subprocess.run([sys.executable, "-c", "from frank.build.engines import "
+    engine = subprocess.run([sys.executable, "-c", "from frank.assemble.engines import "
                              "get_engine; print(' '.join(get_engine('buildah').base_args()))"],
                             capture_output=True, text=True, check=True).stdout.split()
     out = []

@@ -225,7 +225,7 @@ def test_compose_refuses_a_forged_base_with_its_records_recomputed(
         world: tuple[Path, Path]) -> None:
     """3. The cached base's layer edited, its config, manifest, index and base record
     recomputed: the base is held to its pinned .debs, not to the cached base."""
-    from frank.build.baselayout import BaseImage, layout_from_layer
+    from frank.assemble.baselayout import BaseImage, layout_from_layer
     from frank.store.blobs import BlobStore
 
     repo, cache = world
@@ -256,8 +256,8 @@ def test_release_finds_kept_step_outputs_forged_consistently(tmp_path: Path) -> 
     reuses them (its tree digest guards against mistakes, not a forger); release mode runs
     the stage again in its scratch store, and the comparison names the path and moves the
     forged outputs aside."""
+    from frank.assemble import stepcache
     from frank.audit.release import _step_outputs
-    from frank.build import stepcache
     from tests.test_safety_tamper import _stage_layout
 
     layer, layout = _stage_layout(tmp_path)

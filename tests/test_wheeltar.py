@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
+from frank.assemble.baselayout import layout_from_rootfs
+from frank.assemble.install import install_wheels
+from frank.assemble.pipeline import build_missing
+from frank.assemble.plan import PlanLayer, WheelRef
+from frank.assemble.wheeltar import StreamRefused, plan_wheels, write_wheel_tar
 from frank.audit.layers import TarReader, read_layer
-from frank.build.baselayout import layout_from_rootfs
-from frank.build.install import install_wheels
-from frank.build.pipeline import build_missing
-from frank.build.plan import PlanLayer, WheelRef
-from frank.build.wheeltar import StreamRefused, plan_wheels, write_wheel_tar
 from frank.image.layer import build_layer, collect, index_key, indexed, write_tar
 from frank.image.oci import build_image
 from frank.image.spec import ImageSpec, LayerInput

@@ -158,8 +158,8 @@ def _tar(tree: Path, mtime: int) -> bytes:
 
 def _base(top: Path) -> tuple[Path, str]:
     """images/test-base's layers plus the engine layer: an OCI layout and its digest."""
-    from frank.build.base import resolve_base
-    from frank.build.install import install_wheels
+    from frank.assemble.base import resolve_base
+    from frank.assemble.install import install_wheels
     from frank.image.oci import canonical_json, layout_blob_path, layout_manifests, resolve_manifest
     from frank.store.blobs import BlobStore
     from frank.store.fetch import Fetcher, Pinned

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from frank.build.base import resolve_base
-from frank.build.baselayout import BaseImage, layout_from_rootfs
+from frank.assemble.base import resolve_base
+from frank.assemble.baselayout import BaseImage, layout_from_rootfs
 from frank.store.blobs import BlobStore
 from tests.image.image_helpers import free_port
 

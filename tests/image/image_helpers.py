@@ -6,7 +6,7 @@ import hashlib
 import socket
 from pathlib import Path
 
-from frank.build.baselayout import BaseImage
+from frank.assemble.baselayout import BaseImage
 from frank.image.spec import ImageSpec, LayerInput
 
 EPOCH = 1_700_000_000

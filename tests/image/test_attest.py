@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from frank.build.plan import SOURCE_DATE_EPOCH
+from frank.assemble.plan import SOURCE_DATE_EPOCH
 from frank.image.oci import epoch_to_rfc3339, resolve_manifest
 from frank.image.remote import pull_layout
 from frank.ship.attest import PREDICATE_SBOM, PREDICATE_SLSA
@@ -302,7 +302,7 @@ def test_bad_input_is_one_line_exit_2(built: Built, tmp_path: Path) -> None:
 def test_served_cpu_sbom_lists_every_wheel_and_deb() -> None:
     """The closure too: every wheel the pylock gives for the target, with the part (or the
     shared closure layer) it lands in; no build needed, the plan says where each goes."""
-    from frank.build.plan import build_plan
+    from frank.assemble.plan import build_plan
     from frank.resolve.lock import read_lock
     from frank.ship.attest.inventory import inventory
     from frank.ship.attest.sbom import sbom_items, sbom_json

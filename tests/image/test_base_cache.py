@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from frank.build.baselayout import cached_base, layout_from_rootfs
+from frank.assemble.baselayout import cached_base, layout_from_rootfs
 from frank.image.oci import layout_blob_path, read_layout
 from frank.store.blobs import BlobStore
 

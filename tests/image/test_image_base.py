@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from frank.build.base import resolve_base
-from frank.build.baselayout import BaseImage
+from frank.assemble.base import resolve_base
+from frank.assemble.baselayout import BaseImage
 from frank.errors import FrankError
 from frank.image.oci import read_layout
 from frank.image.remote import push_layout

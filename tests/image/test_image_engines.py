@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from frank.build.baselayout import BaseImage
-from frank.build.engines import build_dockerfile, detect, get_engine, run_image
+from frank.assemble.baselayout import BaseImage
+from frank.assemble.engines import build_dockerfile, detect, get_engine, run_image
 from frank.errors import FrankError
 from frank.image.oci import build_image, read_layout
 from frank.image.spec import ImageSpec, LayerInput

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from frank.build.baselayout import BaseImage
+from frank.assemble.baselayout import BaseImage
 from frank.image.oci import build_image, read_layout
 from frank.store.blobs import BlobStore
 from frank.store.ledger import Ledger

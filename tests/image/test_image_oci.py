@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from frank.build.baselayout import BaseImage
+from frank.assemble.baselayout import BaseImage
 from frank.errors import FrankError
 from frank.image.oci import build_image, read_layout, resolve_manifest
 from frank.image.remote import read_image
@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 from tests.image.image_helpers import make_sources, make_spec
-from frank.build.base import BaseImage
+from frank.assemble.base import BaseImage
 from frank.image.oci import build_image
 from frank.store.blobs import BlobStore, sha256_file
 base = BaseImage(name="b", layout=Path(sys.argv[2]), digest=sys.argv[3])

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from frank.build.baselayout import BaseImage
+from frank.assemble.baselayout import BaseImage
 from frank.cli import cli
 from frank.errors import FrankError
 from frank.image.oci import build_image

@@ -9,5 +9,5 @@ difference) and its record next to the layout, keyed by the manifest digest, tha
 run``, ``push`` and ``trial run`` consult before they use an image.
 
 May import: the root modules, frank.model, frank.store, frank.image, frank.resolve,
-frank.build.
+frank.assemble.
 """

@@ -54,7 +54,7 @@ def audit_layout(layout: Path, lock: Lock | None, root: Path, *,
     ``keep_known``: those readings are kept by digest too (``frank.audit.kept``), as the
     readings of blobs read here are where the stat ledger vouches for the blob.
     """
-    from frank.build.plan import build_plan
+    from frank.assemble.plan import build_plan
 
     start, cpu = time.perf_counter(), time.process_time()
     layout = Path(layout).absolute()

@@ -1,6 +1,6 @@
 """The image's base held to what pins it in the repo, never to the base the cache offers.
 
-A ``[debs]`` base is a function of its pinned .debs (``frank.build.debs``): its one layer is
+A ``[debs]`` base is a function of its pinned .debs (``frank.assemble.debs``): its one layer is
 made again here from the .debs (each fetched or read from the store and hashed in full
 against the sha256 its lock pins) into a hashing sink, never to disk, and its config and
 manifest from ``baselayout.base_documents``. Equal layer bytes mean every file of every
@@ -84,9 +84,9 @@ def derive_base(lock: Lock, root: Path, store: BlobStore,
 
 def _debs(lock: Lock, name: str, path: Path, src: Any, store: BlobStore,
           mirrors: Iterable[Path], have: list[str] | None) -> DerivedBase:
-    from frank.build.baselayout import base_documents
-    from frank.build.debs.build import EPOCH, base_meta, pinned_debs
-    from frank.build.debs.rootfs import write_root
+    from frank.assemble.baselayout import base_documents
+    from frank.assemble.debs.build import EPOCH, base_meta, pinned_debs
+    from frank.assemble.debs.rootfs import write_root
     from frank.resolve.debs.lock import current_lock
     from frank.resolve.debs.resolver import archive_roots
     from frank.store.fetch import Fetcher
@@ -120,7 +120,7 @@ def _debs(lock: Lock, name: str, path: Path, src: Any, store: BlobStore,
 
 
 def _pinned_ref(name: str, path: Path, ref: str, store: BlobStore) -> DerivedBase:
-    from frank.build.base import resolve_base
+    from frank.assemble.base import resolve_base
     from frank.image.oci import read_layout_blob
     from frank.model.imagefile import parse_pinned_ref
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from frank.assemble.plan import BuildPlan
 from frank.audit.report import Difference
-from frank.build.plan import BuildPlan
 
 NAMED = ("Env", "Entrypoint", "Cmd", "User", "WorkingDir", "Labels", "ExposedPorts",
          "Volumes", "StopSignal")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from frank.build.plan import BuildPlan, PlanLayer
+from frank.assemble.plan import BuildPlan, PlanLayer
 from frank.errors import FrankError
 from frank.hashing import sha256_bytes, sha256_file
 from frank.resolve.lock import Lock, LockedPart
@@ -288,7 +288,7 @@ def _patched(want: Expected, layer: PlanLayer, plan: BuildPlan, root: Path,
              store: BlobStore) -> None:
     """Apply the patch again to the pinned engine wheel (or the official engine image's own
     files, read from its layers): the patched files' content."""
-    from frank.build.patching import apply_to_wheel
+    from frank.assemble.patching import apply_to_wheel
     from frank.store.fetch import Fetcher, Pinned
 
     step = layer.patch
@@ -312,7 +312,7 @@ def _patched(want: Expected, layer: PlanLayer, plan: BuildPlan, root: Path,
     with tempfile.TemporaryDirectory(prefix="frank-audit-patch-") as tmp:
         site = Path(tmp) / "site"
         if step.engine_wheel is None:
-            from frank.build.base import patch_base_engine
+            from frank.assemble.base import patch_base_engine
 
             assert plan.base_python is not None and step.base_dist is not None
             result = patch_base_engine(

@@ -49,8 +49,8 @@ def reader_key() -> str:
 
 
 # the code that makes a [debs] base's layer and documents from its .debs (``audit.base``)
-_BASE_CODE = ("frank/build/debs/rootfs.py", "frank/build/debs/build.py",
-              "frank/build/baselayout.py", "frank/image/layer.py", "frank/image/oci.py",
+_BASE_CODE = ("frank/assemble/debs/rootfs.py", "frank/assemble/debs/build.py",
+              "frank/assemble/baselayout.py", "frank/image/layer.py", "frank/image/oci.py",
               "frank/audit/base.py", "frank/audit/layers.py")
 
 
@@ -80,7 +80,7 @@ def keep_base(store: BlobStore, key: str, data: dict[str, Any]) -> None:
     _save(store, "audit-bases", key, key, data)
 
 
-_PATCH_CODE = ("frank/build/patching.py", "frank/model/diffs.py", "frank/audit/expect.py")
+_PATCH_CODE = ("frank/assemble/patching.py", "frank/model/diffs.py", "frank/audit/expect.py")
 
 
 def patch_key(step: dict[str, Any], text: str) -> str:

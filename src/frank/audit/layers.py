@@ -164,7 +164,7 @@ class TarReader:
 
     ``read_layer`` feeds it a blob read back from disk; a build can feed it the bytes it is
     writing into a blob (the same bytes its digest is made of), so that the audit of a layer
-    just made need not read 9.7 GB back (``frank.build.layerpool``'s tap). ``close`` gives
+    just made need not read 9.7 GB back (``frank.assemble.layerpool``'s tap). ``close`` gives
     the entries, offsets counted from the first byte fed, and raises ``ValueError`` on a tar
     cut short.
     """

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import posixpath
 
+from frank.assemble.plan import BuildPlan
 from frank.audit.checks import SITE_DIRS, _canonical, _image_path
 from frank.audit.expect import Expected, parse_record
 from frank.audit.layers import MergedView
 from frank.audit.report import Difference
-from frank.build.plan import BuildPlan
 from frank.resolve.lock import Lock
 
 BYTECODE = (".pyc", ".pyo")

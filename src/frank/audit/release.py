@@ -181,7 +181,7 @@ def _layers(real: BlobStore, scratch: BlobStore, names: dict[str, str]) -> list[
 
 
 def _bases(real: BlobStore, scratch: Path) -> list[Finding]:
-    from frank.build.baselayout import BaseImage, _move_aside
+    from frank.assemble.baselayout import BaseImage, _move_aside
 
     out = []
     for record in sorted((scratch / "bases").glob("*.json")):
@@ -217,7 +217,7 @@ def _base_path(cache_layout: Path, derived_layout: Path) -> str:
 
 
 def _step_outputs(real_root: Path, scratch: Path) -> list[Finding]:
-    from frank.build.stepcache import _move_aside, tree_digest
+    from frank.assemble.stepcache import _move_aside, tree_digest
 
     out = []
     for folder in sorted((scratch / "step-outputs").glob("*")):
@@ -269,8 +269,8 @@ def derive_and_check(layout: Path, lock: Lock, root: Path, *, what: str,
     ``compare`` does (the lines are printed)."""
     import sys
 
-    from frank.build.builder import build
-    from frank.build.plan import build_plan
+    from frank.assemble.builder import build
+    from frank.assemble.plan import build_plan
     from frank.image.oci import layout_blob_path, resolve_manifest
 
     plan = build_plan(lock, root)

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from frank.build.plan import build_plan
+from frank.assemble.plan import build_plan
 from frank.cli.output import emit_json, json_option
 from frank.errors import FrankError
 from frank.fsutil import inside_repo
@@ -65,7 +65,7 @@ def compose(stack: str, out_dir: Path | None, locked: bool, builder: str,
     findings: list[str] = []
     with staged_output(out) as stage:  # the old output stays whole until this one is
         with status(console, f"writing build context to {out}"):
-            from frank.build.context import write_context
+            from frank.assemble.context import write_context
 
             write_context(plan, result.lock, root, stage)
         if builder != "none":
@@ -134,10 +134,10 @@ def _build(plan: Any, result: Any, root: Path, stage: Path, out: Path, builder: 
            release: bool = False) -> tuple[Any, Any, bool]:
     """Build into ``stage`` and audit (or keep the audit of an unchanged image). In
     ``release`` mode no audit record, kept reading or kept base is used, and no ledger."""
+    from frank.assemble.builder import build
     from frank.audit.auditor import audit_layout
     from frank.audit.layers import TarReader
     from frank.audit.report import load_record, save_record
-    from frank.build.builder import build
 
     # each streamed layer's bytes are parsed for the audit as they are written
     built = build(plan, root, stage, builder,  # type: ignore[arg-type]

@@ -69,7 +69,7 @@ def lock(images: tuple[str, ...], check: bool, mirrors: tuple[Path, ...]) -> Non
               help="A folder of files named by sha256, read before the network.")
 def build(image: str, mirrors: tuple[Path, ...]) -> None:
     """Build IMAGE's base from its lock (cached by the locked packages); print its digest."""
-    from frank.build.debs.build import debs_base
+    from frank.assemble.debs.build import debs_base
     from frank.model.imagefile import BaseImageFile
     from frank.store.blobs import BlobStore
 

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from frank.build.engines import Engine, EngineName
+from frank.assemble.engines import Engine, EngineName
 from frank.cli.targets import built_image
 from frank.errors import FrankError
 
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 def engine_for(name: str, print_only: bool) -> Engine:
     """The engine to run with; ``--print --engine NAME`` also shows an engine not here."""
-    from frank.build.engines import _runroot, detect, get_engine
+    from frank.assemble.engines import _runroot, detect, get_engine
     from frank.store.blobs import BlobStore
 
     if name == "auto" or not print_only:

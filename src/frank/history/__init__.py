@@ -3,5 +3,5 @@
 One job: step a stack back or forward by editing its files, never half-way (``journal``), one
 command at a time (``repolock``), and say what differs between two locks (``diff``).
 
-May import: the root modules and every stage up to frank.build (and frank.audit).
+May import: the root modules and every stage up to frank.assemble (and frank.audit).
 """

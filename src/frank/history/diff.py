@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from frank.build.plan import BuildPlan, build_plan, closure_wheels
+from frank.assemble.plan import BuildPlan, build_plan, closure_wheels
 from frank.resolve.lock import Lock, LockedPart
 from frank.resolve.resolver import METADATA_FIELDS
 

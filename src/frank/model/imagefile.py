@@ -1,7 +1,7 @@
 """``images/<name>.toml``: a base pinned by digest or by pinned Debian packages, as written.
 
 What a person writes about a base; resolving ``[debs]`` into a lock is frank.resolve.debs,
-making the base's layout is frank.build.base.
+making the base's layout is frank.assemble.base.
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ Digest = Annotated[str, AfterValidator(check_digest)]
 
 # --- grammars of the free-text fields that reach a shell, a Dockerfile or a path ---------
 # Validated at manifest and stack validation, so a hostile value never gets as far as a
-# build; the Dockerfile writer quotes every value as well (frank.build.context).
+# build; the Dockerfile writer quotes every value as well (frank.assemble.context).
 
 CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
 # What a URL may hold here: RFC 3986's unreserved and delimiter characters, less those a

@@ -1,7 +1,7 @@
 """A repo package's static pyproject metadata (PEP 621 and setuptools' static file lists).
 
 Read when a plugin or kernel manifest is checked (its entry points, its name) and when the
-builder writes its wheel (frank.build.wheel). Reading runs none of the package's code: a
+builder writes its wheel (frank.assemble.wheel). Reading runs none of the package's code: a
 package that needs code to build (``setup.py``, ``dynamic`` metadata) is refused.
 """
 

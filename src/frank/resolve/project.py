@@ -220,7 +220,7 @@ def _recorded_inventory(previous: Lock | None, resolved: Resolved) -> Inventory 
     """The base's distributions as the stack's lock recorded them (name, version, site and
     the inventory's sha256), when it pins the same image: what an offline command (`frank
     check`) needs of a base whose contents are not here. Never for a build: the build reads
-    the image and holds it to that sha256 (``frank.build.base.plan_inventory``)."""
+    the image and holds it to that sha256 (``frank.assemble.base.plan_inventory``)."""
     from frank.image.inventory import BaseDist, Inventory
 
     if previous is None or previous.base_python is None or previous.base_image.get("ref") \

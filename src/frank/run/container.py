@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from frank.build.engines import Engine
+from frank.assemble.engines import Engine
 from frank.errors import FrankError
 from frank.image.oci import layout_manifests
 from frank.image.verify import VerifiedImage

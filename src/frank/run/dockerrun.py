@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from frank.build.dockerapi import LoadedImage, client, load_layout
+from frank.assemble.dockerapi import LoadedImage, client, load_layout
 from frank.errors import FrankError
 from frank.run.enginecopy import (
     Tree,

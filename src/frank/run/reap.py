@@ -160,7 +160,7 @@ def leftovers(storages: list[list[str]], *, dry_run: bool = False,
     frank's folders in /tmp that nobody holds (``store.tmpdirs``), the run roots of deleted
     caches, and (``storage_mounts``, for gc) each storage's own idle mount; one line each.
     ``engines`` (gc) first stops the engines of runs that are gone (``stop_orphans``)."""
-    from frank.build.engines import reap_builds, reap_runroots
+    from frank.assemble.engines import reap_builds, reap_runroots
     from frank.store import tmpdirs
 
     said = []

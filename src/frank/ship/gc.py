@@ -108,7 +108,7 @@ def _follow(blob_dir: Path, keep: set[str]) -> set[str]:
 
 def current_bases(root: Path) -> set[str]:
     """The keys of the bases the repo's image files make or pin now."""
-    from frank.build.debs.build import base_key
+    from frank.assemble.debs.build import base_key
     from frank.model.imagefile import load_image_file
     from frank.resolve.debs.lock import current_lock
 
@@ -125,7 +125,7 @@ def current_bases(root: Path) -> set[str]:
 
 def storages(store_root: Path) -> list[list[str]]:
     """The engine argv (``--root`` and the rest) of each engine storage in the cache."""
-    from frank.build.engines import _runroot
+    from frank.assemble.engines import _runroot
 
     found = []
     for root in sorted((store_root / "containers").glob("*")):

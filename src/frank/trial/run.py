@@ -191,7 +191,7 @@ def warm_engine(image: ArmImage, engine_log: Path, opts: RunOptions, fields: dic
     """``image_engine`` with the warm cache of the arm's image for this device when the
     store has one (``frank.run.warmuse``); ``fields["warm_cache"]`` records which, or why
     none. The plan the start ran is written to ``logs``."""
-    from frank.build.engines import get_engine
+    from frank.assemble.engines import get_engine
     from frank.run import container as image_run
     from frank.run import warmuse
     from frank.ship import warmsign
@@ -240,7 +240,7 @@ def run_start(start: Start, lock: dict[str, Any], expr: Expr, opts: RunOptions, 
         def serve() -> AbstractContextManager[Callable[[], int | None]]:
             return host_engine(lock_file, root, engine_log, base_url, opts)
     else:
-        from frank.build.engines import get_engine
+        from frank.assemble.engines import get_engine
         from frank.run import container as image_run
 
         plan = image_run.plan(image.image, image.lock, get_engine(opts.engine),
@@ -324,7 +324,7 @@ def _images(trial: Trial, locks: dict[str, dict[str, Any]], root: Path, opts: Ru
     there too, so a run that cannot start refuses before its first start."""
     if opts.source == "host":
         return None
-    from frank.build.engines import get_engine
+    from frank.assemble.engines import get_engine
 
     images = {arm: arm_image(trial, arm, locks[arm], root, hub_cache=opts.hub_cache)
               for arm in ("A", "B")}

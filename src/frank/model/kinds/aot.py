@@ -18,7 +18,7 @@ offline, from pinned inputs, and puts them where the library looks first:
 - ``env``: variables the engine needs once the modules are there (vLLM checks for nvcc or
   flashinfer-cubin before it uses FlashInfer at all: MODULES.md in the builder's folder).
 
-Each module is built once per content key (``frank.build.aot``): a change to one input
+Each module is built once per content key (``frank.assemble.aot``): a change to one input
 rebuilds only the modules it reaches.
 """
 

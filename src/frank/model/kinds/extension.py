@@ -4,7 +4,7 @@ exllamav3 (a py3-none-any wheel carrying its CUDA/C++ sources) imports a compile
 ``exllamav3_ext`` when one is importable, else builds the whole extension with
 ``torch.utils.cpp_extension.load`` at first import: minutes to hours, nvcc, g++ and ninja in
 the image. An ``extension`` part builds that module on the host, offline, from pinned inputs
-(``frank.build.extension``), keyed by content so it is built once ever, and puts
+(``frank.assemble.extension``), keyed by content so it is built once ever, and puts
 ``<module><suffix>`` at the top of site-packages, where ``import <module>`` finds it:
 
 - ``wheel``: the library's wheel, by sha256, the one the closure installs (its sources);

@@ -35,7 +35,7 @@ class Kernel(PartBase):
     plugin: EntryPoint | None = None
     # The compiler, as wheels unpacked on the host (nvcc, its headers and static libs):
     # pinned like any other input, so the lock covers the toolchain. The host C++
-    # compiler nvcc calls cannot be pinned this way; frank.build.kernel keys its cache on
+    # compiler nvcc calls cannot be pinned this way; frank.assemble.kernel keys its cache on
     # its version line instead.
     toolchain: Annotated[list[PinnedWheel], Field(min_length=1)] | None = None
 
@@ -54,7 +54,7 @@ class Kernel(PartBase):
 
     def layer(self, ctx: PartContext) -> LayerContribution | None:
         assert self.source is not None
-        # Compiled on the host by the pinned toolchain (frank.build.kernel); the layer holds
+        # Compiled on the host by the pinned toolchain (frank.assemble.kernel); the layer holds
         # the built libraries at kernel_dest() and the plugin's wheel built from the tree.
         wheels = (self.plugin.package,) if self.plugin is not None else ()
         return LayerContribution(

@@ -5,5 +5,5 @@ the lock pins the whole dependency closure: each .deb's archive path, size and s
 from the archive's signed Packages index. Modules: ``lock`` (the lock's model, offline),
 ``archive`` (signed indexes, the mirror apt uses here), ``resolver`` (the closure).
 ``frank debs lock images/NAME.toml`` (or ``python -m frank.cli.debs lock``) writes a lock;
-frank.build.debs makes the base from it.
+frank.assemble.debs makes the base from it.
 """

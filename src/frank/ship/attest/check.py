@@ -57,7 +57,7 @@ def _lock_from(data: bytes, where: str) -> Lock:
 
 def facts_from_layout(layout: Path) -> ImageFacts:
     """The image in an OCI layout, every blob hashed, and the lock inside it."""
-    from frank.build.plan import LOCK_IN_IMAGE
+    from frank.assemble.plan import LOCK_IN_IMAGE
     from frank.image.verify import LayerChanged, image_lock, verify_layout
 
     try:
@@ -71,7 +71,7 @@ def facts_from_layout(layout: Path) -> ImageFacts:
 
 
 def _lock_in_tar(data: bytes, where: str) -> bytes | None:
-    from frank.build.plan import LOCK_IN_IMAGE
+    from frank.assemble.plan import LOCK_IN_IMAGE
 
     names = {LOCK_IN_IMAGE.lstrip("/"), "." + LOCK_IN_IMAGE, LOCK_IN_IMAGE}
     try:
@@ -124,7 +124,7 @@ def make_referrers(facts: ImageFacts, inv: Inventory, private_key: Any,
                    lock: Lock | None = None) -> list[Referrer]:
     """The signed SBOM and provenance artifacts for the image (``lock``: the lock they
     describe, the image's own unless given)."""
-    from frank.build.plan import SOURCE_DATE_EPOCH
+    from frank.assemble.plan import SOURCE_DATE_EPOCH
     from frank.ship.attest.provenance import statements
 
     stmts = statements(inv, lock or facts.lock, facts.digest, SOURCE_DATE_EPOCH)

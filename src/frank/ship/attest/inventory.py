@@ -167,7 +167,7 @@ def _closure_items(lock: Lock, root: Path | None, inv: Inventory) -> None:
         inv.missing["wheel:"] = (f"the Python closure's wheels: no {info['file']} with the "
                                  f"locked sha256 {info['sha256'][:12]}... here")
         return
-    from frank.build.plan import build_plan
+    from frank.assemble.plan import build_plan
 
     assert root is not None
     try:
@@ -186,7 +186,7 @@ def _closure_items(lock: Lock, root: Path | None, inv: Inventory) -> None:
 
 def inventory(lock: Lock, config: dict[str, Any], root: Path | None) -> Inventory:
     """The components of the image whose lock is ``lock`` and config ``config``."""
-    from frank.build.plan import LAUNCHER_IN_IMAGE, LOCK_IN_IMAGE
+    from frank.assemble.plan import LAUNCHER_IN_IMAGE, LOCK_IN_IMAGE
 
     inv = Inventory()
     _base_items(lock, root, inv)

@@ -61,7 +61,7 @@ def provenance_predicate(inv: Inventory, lock: Lock) -> dict[str, Any]:
     from google.protobuf.struct_pb2 import Struct
     from in_toto_attestation.predicates.provenance.v1 import provenance_pb2
 
-    from frank.build.plan import INSTALL_FORMAT, PLAN_VERSION, SOURCE_DATE_EPOCH
+    from frank.assemble.plan import INSTALL_FORMAT, PLAN_VERSION, SOURCE_DATE_EPOCH
 
     builder = builder_name(lock)
     ext = Struct()

@@ -33,7 +33,7 @@ from typing import Any
 import yaml
 from kubernetes import client as k8s
 
-from frank.build.plan import LAUNCHER_IN_IMAGE, LOCK_IN_IMAGE
+from frank.assemble.plan import LAUNCHER_IN_IMAGE, LOCK_IN_IMAGE
 from frank.errors import FrankError
 from frank.resolve.lock import Lock
 from frank.run import launch, warmcache

@@ -26,7 +26,7 @@ import tarfile
 import tempfile
 from pathlib import Path, PurePosixPath
 
-from frank.build.plan import PlanLayer
+from frank.assemble.plan import PlanLayer
 from frank.image.oci import layout_blob_path, read_layout_blob, resolve_manifest
 
 MARKER = "frank-layer"

@@ -43,7 +43,7 @@ from installer.scripts import Script
 from installer.sources import WheelFile
 from installer.utils import Scheme
 
-from frank.build.install import INTERPRETER, scheme
+from frank.assemble.install import INTERPRETER, scheme
 from frank.image.layer import EXCLUDED_DIRS, EXCLUDED_SUFFIXES, KEY_HEADER
 
 if TYPE_CHECKING:

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from frank.build.layerpool import Job, LayerPool, Tap
-from frank.build.plan import PlanLayer
+from frank.assemble.layerpool import Job, LayerPool, Tap
+from frank.assemble.plan import PlanLayer
 from frank.image.layer import LAYER_MEDIA_TYPE, index_key
 from frank.image.spec import LayerInput
 from frank.store.blobs import LayerRecord

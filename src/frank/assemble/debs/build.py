@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from frank.build.baselayout import BaseImage, cached_base, layout_from_layer
+from frank.assemble.baselayout import BaseImage, cached_base, layout_from_layer
 from frank.image.layer import LAYER_FORMAT
 from frank.image.oci import canonical_json
 from frank.image.progress import status
@@ -50,7 +50,7 @@ def build_from_lock(lock: DebsLock, roots: dict[str, str], store: BlobStore, lay
     from rich.console import Console
 
     console = Console(stderr=True, quiet=quiet)
-    from frank.build.debs.rootfs import write_root
+    from frank.assemble.debs.rootfs import write_root
 
     # every .deb re-hashed, not trusted by its stat stamp: a base is made rarely, and a
     # corrupt one would fail deep in the unpacking (or worse, not fail); moved aside, fetched

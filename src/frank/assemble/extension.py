@@ -38,7 +38,7 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from frank.build.kernel import host_compiler
+from frank.assemble.kernel import host_compiler
 from frank.errors import FrankError
 from frank.hashing import sha256_file, sha256_json, sha256_tree
 from frank.model.archs import parse_arch

@@ -16,7 +16,7 @@ Each module's key hashes the builder's main file, the wheels, the module's own e
 compiler's version line (nvcc calls it; no wheel pins it). A module whose key has a kept
 ``$FRANK_CACHE/aot/<key>/<name>.so`` is not built again; the missing ones are built in one
 run of the builder (one ninja over all their sources, ``MAX_JOBS`` = the cores), in the
-private mount and network namespace ``frank.build.kernel`` uses, at fixed paths
+private mount and network namespace ``frank.assemble.kernel`` uses, at fixed paths
 (``BUILD_ROOT/src``, ``BUILD_ROOT/toolchain``), so two machines give the same bytes. Every
 run is appended to ``$FRANK_CACHE/aot/runs.jsonl`` (the modules it built and their times).
 """
@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from frank.build.kernel import (
+from frank.assemble.kernel import (
     BUILD_ROOT,
     SYSTEM_PATH,
     _run_build,

@@ -145,9 +145,9 @@ class PlanLayer(Strict):
     patch: PatchStep | None = None
     build_wheels: list[str] = []  # repo package folders built into wheels and installed
     kernel: dict[str, Any] | None = None  # a kernel part's spec, compiled on the host
-    # an aot part's spec: its modules built on the host (frank.build.aot), one key each
+    # an aot part's spec: its modules built on the host (frank.assemble.aot), one key each
     aot: dict[str, Any] | None = Field(default=None, exclude_if=lambda v: v is None)
-    # an extension part's spec: its module built on the host (frank.build.extension)
+    # an extension part's spec: its module built on the host (frank.assemble.extension)
     extension: dict[str, Any] | None = Field(default=None, exclude_if=lambda v: v is None)
     manifest: str | None = None  # the part's manifest, repo-relative (errors name it)
     impure: bool = False  # runs commands inside the image (a container engine), see `run`

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from frank.build.buildlog import build_failed, stream_logged
+from frank.assemble.buildlog import build_failed, stream_logged
 from frank.errors import FrankError
 from frank.image.oci import (
     image_view,
@@ -105,7 +105,7 @@ def _overlay_mounts() -> bool:
 def _docker_answers() -> bool:
     """Whether a Docker daemon answers the ``docker`` SDK where the environment points
     (``DOCKER_HOST``, the CLI's context): frank needs no docker CLI, only a daemon."""
-    from frank.build.dockerapi import answers
+    from frank.assemble.dockerapi import answers
 
     return answers()
 
@@ -313,7 +313,7 @@ def get_engine(name: str = "auto", store: BlobStore | None = None) -> Engine:
         if e.name == name:
             return e
     if name == "docker":  # the daemon's own reason, and where frank looked for it
-        from frank.build.dockerapi import client
+        from frank.assemble.dockerapi import client
 
         client(timeout=10).close()
     hint = "start a Docker daemon" if name == "docker" else f"apt-get install {name}"
@@ -492,7 +492,7 @@ def build_dockerfile(
     if not dockerfile.is_file():
         raise FrankError("Dockerfile not found", file=dockerfile)
     if engine.name == "docker" and network:
-        from frank.build.dockerbuild import refuse_network
+        from frank.assemble.dockerbuild import refuse_network
 
         refuse_network(["this build"])
     log = log or context.parent / "build.log"
@@ -506,7 +506,7 @@ def build_dockerfile(
                    f"time {newest}, no earlier than SOURCE_DATE_EPOCH {source_date_epoch})\n")
     args = {"SOURCE_DATE_EPOCH": str(stamp), "BASE_DIGEST": base_digest, **(build_args or {})}
     if engine.name == "docker":
-        from frank.build.dockerbuild import build_image
+        from frank.assemble.dockerbuild import build_image
 
         return build_image(context, dockerfile, out_layout, base_layout=base_layout,
                            base_digest=base_digest, stamp=stamp, epoch=source_date_epoch,

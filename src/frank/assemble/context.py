@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from string import Template
 
-from frank.build.plan import BuildPlan, PlanLayer
+from frank.assemble.plan import BuildPlan, PlanLayer
 from frank.errors import FrankError
 from frank.hashing import check_link_inside, tree_files
 from frank.model.pins import CONTROL_CHARS
@@ -149,7 +149,7 @@ def _stage_lines(layer: PlanLayer, staged: set[int], current: str, n: int,
     ``reused``, the outputs kept from an earlier build of the same key (``stepcache``) are
     copied from the context instead and the builder stage is left out. The chain stage's
     last step names the layer's key, which is how ``stepcache`` finds it in the image."""
-    from frank.build.stepcache import marker
+    from frank.assemble.stepcache import marker
 
     stage = layer.stage
     assert stage is not None

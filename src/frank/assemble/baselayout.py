@@ -1,7 +1,7 @@
 """A base's OCI layout, made once and recorded in the cache: what every base kind ends in.
 
 ``cached_base`` keeps made bases under ``<cache>/bases/<key>.json``; the .debs builder
-(frank.build.debs) and the base resolver (frank.build.base) both use it.
+(frank.assemble.debs) and the base resolver (frank.assemble.base) both use it.
 """
 
 from __future__ import annotations

@@ -114,8 +114,8 @@ def build(c: docker.DockerClient, context: Path, dockerfile: str, tag: str,
     from docker.errors import DockerException
     from requests.exceptions import RequestException
 
-    from frank.build.buildlog import build_failed, stream_logged
-    from frank.build.dockerapi import where
+    from frank.assemble.buildlog import build_failed, stream_logged
+    from frank.assemble.dockerapi import where
 
     errors: list[str] = []
 
@@ -289,7 +289,7 @@ def build_image(context: Path, dockerfile: Path, out_layout: Path, *, base_layou
     result, checked and made reproducible, as ``out_layout``; its digest."""
     from docker.errors import APIError
 
-    from frank.build.dockerapi import API_TIMEOUT_S, client, load_layout
+    from frank.assemble.dockerapi import API_TIMEOUT_S, client, load_layout
     from frank.image.oci import canonical_json
 
     try:

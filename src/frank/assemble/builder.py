@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from frank.build.context import stage_layer
-from frank.build.plan import BuildPlan, PlanLayer
+from frank.assemble.context import stage_layer
+from frank.assemble.plan import BuildPlan, PlanLayer
 from frank.errors import FrankError
 from frank.hashing import sha256_json
 
@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 
     from rich.console import Console
 
-    from frank.build.layerpool import Tap
-    from frank.build.pipeline import Built
+    from frank.assemble.layerpool import Tap
+    from frank.assemble.pipeline import Built
     from frank.image.spec import LayerInput
     from frank.store.blobs import BlobStore
     from frank.store.fetch import Fetcher
@@ -50,7 +50,7 @@ class BuildResult:
 
 def choose_builder(plan: BuildPlan, requested: Builder) -> tuple[str, str]:
     """(builder, why) for the plan; a request the plan cannot honour is an error."""
-    from frank.build.engines import detect
+    from frank.assemble.engines import detect
 
     running = [layer.name for layer in plan.layers if layer.run or layer.stage]
     if requested == "oci":
@@ -91,8 +91,8 @@ def build_oci(plan: BuildPlan, root: Path, out: Path, *, log: Path,
 
     from rich.console import Console
 
-    from frank.build.base import resolve_base
-    from frank.build.baselayout import BaseImage
+    from frank.assemble.base import resolve_base
+    from frank.assemble.baselayout import BaseImage
     from frank.image.oci import build_image
     from frank.image.spec import ImageSpec
     from frank.store.blobs import BlobStore
@@ -187,7 +187,7 @@ def _make_missing(missing: list[tuple[PlanLayer, LayerInput]], plan: BuildPlan,
     """Fetch and make the missing layers (``pipeline``), with a download bar."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 
-    from frank.build.pipeline import build_missing
+    from frank.assemble.pipeline import build_missing
     from frank.store.fetch import Pinned
 
     # patches first, on their own: one that cannot be had fails before gigabytes of wheels
@@ -243,13 +243,13 @@ def _fetch_inputs(layers: list[PlanLayer], fetcher: Fetcher, console: Console,
 def assemble_layer(layer: PlanLayer, plan: BuildPlan, root: Path, staging: Path,
                    fetcher: Fetcher, log: Path) -> None:
     """Fill ``staging`` with the layer's files: copies, wheels, patched files, kernels."""
-    from frank.build.install import install_wheels
+    from frank.assemble.install import install_wheels
     from frank.store.fetch import Pinned
 
     site = plan.site_packages
     stage_layer(layer, root, staging)
     for item in layer.fetched:  # fetched here, on the host, verified: never in the image
-        from frank.build.context import image_path_under
+        from frank.assemble.context import image_path_under
 
         dest = image_path_under(staging, item.dest, layer.name)
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -261,7 +261,7 @@ def assemble_layer(layer: PlanLayer, plan: BuildPlan, root: Path, staging: Path,
     if layer.patch is not None:
         _apply_patch(layer, plan, root, staging, fetcher, log)
     if layer.base_remove:
-        from frank.build.base import plan_inventory, whiteouts
+        from frank.assemble.base import plan_inventory, whiteouts
 
         assert plan.base_python is not None
         _, _, inventory = plan_inventory(
@@ -280,7 +280,7 @@ def assemble_layer(layer: PlanLayer, plan: BuildPlan, root: Path, staging: Path,
         # the plugin package is built from the compiled tree, which holds the libraries
         sources = [tree / Path(folder).relative_to(source) for folder in layer.build_wheels]
     if sources:
-        from frank.build.wheel import build_wheel
+        from frank.assemble.wheel import build_wheel
 
         with tempfile.TemporaryDirectory(dir=fetcher.store.tmp_dir, prefix="wheel-") as tmp:
             wheels = []
@@ -293,7 +293,7 @@ def assemble_layer(layer: PlanLayer, plan: BuildPlan, root: Path, staging: Path,
 
 def _apply_patch(layer: PlanLayer, plan: BuildPlan, root: Path, staging: Path,
                  fetcher: Fetcher, log: Path) -> None:
-    from frank.build.patching import apply_to_wheel
+    from frank.assemble.patching import apply_to_wheel
     from frank.model.kinds.patch import touches_compiled
     from frank.store.fetch import Pinned
 
@@ -309,7 +309,7 @@ def _apply_patch(layer: PlanLayer, plan: BuildPlan, root: Path, staging: Path,
                          f"{'touches' if not step.declared_compiled else 'does not touch'} "
                          "compiled code", file=root / step.manifest, field="touches_compiled")
     if step.engine_wheel is None:  # the official engine image's own files
-        from frank.build.base import patch_base_engine
+        from frank.assemble.base import patch_base_engine
 
         assert plan.base_python is not None and step.base_dist is not None
         result = patch_base_engine(
@@ -332,7 +332,7 @@ def _compile_kernel(layer: PlanLayer, root: Path, staging: Path, fetcher: Fetche
 
     Returns the built tree and the kernel's source folder (repo-relative) it mirrors.
     """
-    from frank.build.kernel import compile_kernel
+    from frank.assemble.kernel import compile_kernel
     from frank.model.kinds.kernel import Kernel, kernel_dest
 
     part = Kernel.model_validate(layer.kernel)
@@ -353,7 +353,7 @@ def _build_aot(layer: PlanLayer, plan: BuildPlan, root: Path, staging: Path,
     part pins, which must be the one the closure installs."""
     from packaging.utils import canonicalize_name
 
-    from frank.build.aot import build_modules
+    from frank.assemble.aot import build_modules
     from frank.model.kinds.aot import Aot
 
     part = Aot.model_validate(layer.aot)
@@ -384,7 +384,7 @@ def _build_extension(layer: PlanLayer, plan: BuildPlan, root: Path, staging: Pat
     installs, must be the files the closure installs; its Python, the image's."""
     from packaging.utils import canonicalize_name
 
-    from frank.build.extension import build_extension
+    from frank.assemble.extension import build_extension
     from frank.model.kinds.extension import Extension, python_version
     from frank.model.pins import wheel_filename
 
@@ -430,8 +430,8 @@ def stage_host_layers(plan: BuildPlan, root: Path, context: Path, *, log: Path,
     """
     from rich.console import Console
 
-    from frank.build import stepcache
-    from frank.build.context import (
+    from frank.assemble import stepcache
+    from frank.assemble.context import (
         checked_out,
         host_built,
         layer_dir,
@@ -474,7 +474,7 @@ def stage_host_layers(plan: BuildPlan, root: Path, context: Path, *, log: Path,
 def _check_out_source(layer: PlanLayer, root: Path, rootfs: Path, log: Path,
                       store_root: Path) -> None:
     """A source-built layer's git source, checked out on the host into its stage's inputs."""
-    from frank.build.context import image_path_under
+    from frank.assemble.context import image_path_under
     from frank.store import gitsource
 
     assert layer.stage is not None and layer.stage.source is not None
@@ -491,7 +491,7 @@ def network_layers(plan: BuildPlan, reused: frozenset[int] = frozenset()) -> lis
     kept outputs are reused) and declare they do (a source build's apt-get and pip; pip from
     an index; a patch fetched by URL). A post-install step or a kernel compiled in the image
     never does: it runs offline."""
-    from frank.build.context import host_built
+    from frank.assemble.context import host_built
 
     return [layer.name for layer in plan.layers
             if layer.network and not host_built(layer) and layer.index not in reused]
@@ -504,7 +504,7 @@ def needs_network(plan: BuildPlan, reused: frozenset[int] = frozenset()) -> bool
 
 def kept_stages(plan: BuildPlan, store_root: Path) -> frozenset[int]:
     """The builder stages whose outputs an earlier build kept (``stepcache``): not run."""
-    from frank.build import stepcache
+    from frank.assemble import stepcache
 
     return frozenset(x.index for x in plan.layers
                      if x.stage and stepcache.cached(store_root, x) is not None)
@@ -513,16 +513,16 @@ def kept_stages(plan: BuildPlan, store_root: Path) -> frozenset[int]:
 def build_with_engine(plan: BuildPlan, root: Path, context: Path, out: Path,
                       engine_name: str, mirrors: tuple[Path, ...] = ()) -> BuildResult:
     """Build the Dockerfile context with a container engine, exported as an OCI layout."""
-    from frank.build import stepcache
-    from frank.build.base import resolve_base
-    from frank.build.engines import build_dockerfile, get_engine
+    from frank.assemble import stepcache
+    from frank.assemble.base import resolve_base
+    from frank.assemble.engines import build_dockerfile, get_engine
     from frank.store.blobs import BlobStore
 
     store = BlobStore()
     log = context.parent / "build.log"
     engine = get_engine(engine_name, store)
     if engine.name == "docker":  # it builds offline steps only: said before any work
-        from frank.build.dockerbuild import refuse_network
+        from frank.assemble.dockerbuild import refuse_network
 
         refuse_network(network_layers(plan, kept_stages(plan, store.root)))
     # the host's part first: a source that cannot be fetched stops before the base is made

@@ -97,7 +97,7 @@ def _stream(wheels: tuple[tuple[str, Path], ...], site: str, epoch: int, key: st
     """In a worker: stream one layer into a new blob of the store at ``root``; (digest,
     size, "", seconds, tapped), or ("", 0, why, seconds, None) when it cannot be streamed
     (the caller stages it, which makes the same bytes or fails in its own words)."""
-    from frank.build.wheeltar import plan_wheels, write_wheel_tar
+    from frank.assemble.wheeltar import plan_wheels, write_wheel_tar
     from frank.store.blobs import BlobStore
 
     began = time.monotonic()

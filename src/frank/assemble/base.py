@@ -6,14 +6,14 @@ A base named in ``images/`` is one of:
   ``host/repo[:tag]@sha256:...`` for a registry; a tag alone is refused, since a tag can
   move under a lock);
 - ``[debs]``: Debian packages pinned by version and sha256 in ``<name>.debs.lock``, merged
-  by frank without running a maintainer script (``frank.build.debs``); the same lock gives
+  by frank without running a maintainer script (``frank.assemble.debs``); the same lock gives
   the same digest on any machine. The test base and the served base are made this way;
 
 ``[debootstrap]`` bases are gone: their rootfs is not byte-reproducible (package scripts
 write timestamps, random machine ids, ldconfig caches), so two machines got two digests from
 one definition. A file that still has one is refused with a line saying what to write.
 
-Made bases are recorded in ``<cache>/bases/<key>.json`` (``frank.build.baselayout``); every
+Made bases are recorded in ``<cache>/bases/<key>.json`` (``frank.assemble.baselayout``); every
 later call returns that layout and digest instantly. The file's model is frank.model.imagefile.
 """
 
@@ -22,12 +22,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from frank.build.baselayout import BaseImage
+from frank.assemble.baselayout import BaseImage
 from frank.model.imagefile import load_image_file, parse_pinned_ref
 from frank.store.blobs import BlobStore
 
 if TYPE_CHECKING:
-    from frank.build.patching import PatchResult
+    from frank.assemble.patching import PatchResult
     from frank.image.inventory import BaseDist, Inventory
 
 BASE_FORMAT = "frank-base-1"
@@ -37,7 +37,7 @@ def resolve_base(path: Path, store: BlobStore, *, quiet: bool = False) -> BaseIm
     """The local layout and pinned digest for ``images/<name>.toml``."""
     img = load_image_file(path)
     if img.debs is not None:
-        from frank.build.debs.build import debs_base
+        from frank.assemble.debs.build import debs_base
 
         return debs_base(img.debs, path, store, name=img.name, quiet=quiet)
     assert img.ref is not None
@@ -72,7 +72,7 @@ def patch_base_engine(patch_text: str, dist: str, base_python: dict[str, str],
                       image_root: Path | None = None) -> PatchResult:
     """Apply a Python-only patch to the official engine image's own ``dist`` files, read
     from its layers; the changed files land under ``site_root``."""
-    from frank.build.patching import apply_to_files
+    from frank.assemble.patching import apply_to_files
     from frank.errors import FrankError
     from frank.image.inventory import read_files
 
