@@ -73,8 +73,9 @@ def test_inheritance_errors(repo: Path, body: str, message: str) -> None:
 def test_missing_requirement_names_both_sides(repo: Path) -> None:
     result = frank("lock", child(repo, 'remove = ["exl3-runtime"]\n'), cwd=repo)
     assert result.code == 2
-    assert "exl3-pack requires exl3-runtime, which the stack lacks " \
-           "(declared in parts/exl3-pack/2bpw-982b7045.toml)" in result.err
+    # the first dependent in the stack's order: exl3-ext (served's), else exl3-pack
+    assert "exl3-ext requires exl3-runtime, which the stack lacks " \
+           "(declared in parts/exl3-ext/1.toml)" in result.err, result.err
 
 
 def test_conflict_names_both_sides(repo: Path) -> None:
