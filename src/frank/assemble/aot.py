@@ -38,9 +38,9 @@ from frank.assemble.kernel import (
     BUILD_ROOT,
     SYSTEM_PATH,
     _run_build,
-    _unzip,
     host_compiler,
     isolation,
+    unpack_wheels,
 )
 from frank.errors import FrankError
 from frank.hashing import sha256_file, sha256_json
@@ -105,31 +105,17 @@ def unpack(part: Aot, manifest: Path, fetcher: Fetcher) -> Path:
     dest = fetcher.store.root / "aot-toolchains" / key
     if dest.is_dir():
         return dest
-    pins = _pins(part)
-    try:
-        got = fetcher.fetch_all([p for _, p in pins])
-    except FrankError as exc:
-        raise FrankError(exc.message, file=manifest, field="toolchain") from None
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".unpack-", dir=dest.parent))
-    try:
-        for label, pin in pins:
-            _unzip(got[pin.sha256], tmp, label, manifest)
-        for lib in tmp.glob("nvidia/*/lib"):
-            if not (lib.parent / "lib64").exists():
-                (lib.parent / "lib64").symlink_to("lib")
-            for versioned in lib.glob("libcudart.so.*"):
-                if not (lib / "libcudart.so").exists():
-                    (lib / "libcudart.so").symlink_to(versioned.name)
-            _libcuda_stub(lib / "stubs" / "libcuda.so")
-        try:
-            tmp.rename(dest)
-        except OSError:
-            if not dest.is_dir():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return dest
+    return unpack_wheels(fetcher, _pins(part), dest, manifest, finish=_link_stubs)
+
+
+def _link_stubs(root: Path) -> None:
+    """``libcudart.so`` beside its versioned file, and an empty ``stubs/libcuda.so``: the
+    link stubs the module docstring names."""
+    for lib in root.glob("nvidia/*/lib"):
+        for versioned in lib.glob("libcudart.so.*"):
+            if not (lib / "libcudart.so").exists():
+                (lib / "libcudart.so").symlink_to(versioned.name)
+        _libcuda_stub(lib / "stubs" / "libcuda.so")
 
 
 def _libcuda_stub(path: Path) -> None:

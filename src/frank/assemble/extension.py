@@ -38,7 +38,7 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
-from frank.assemble.kernel import host_compiler
+from frank.assemble.kernel import host_compiler, link_lib64
 from frank.errors import FrankError
 from frank.hashing import sha256_file, sha256_json, sha256_tree
 from frank.model.archs import parse_arch
@@ -127,9 +127,7 @@ def assemble(part: Extension, fetcher: Fetcher, manifest: Path | None = None) ->
             shutil.rmtree(tmp)
         else:
             _members(path, ROOT / pin.to, pin.take)
-    for lib in ROOT.glob("in/nvidia/*/lib"):
-        if not (lib.parent / "lib64").exists():
-            (lib.parent / "lib64").symlink_to("lib")
+    link_lib64(ROOT / "in")
     return ROOT
 
 

@@ -31,6 +31,7 @@ import stat
 import subprocess
 import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 from frank.errors import FrankError
@@ -147,19 +148,28 @@ def unpack_toolchain(kernel: Kernel, manifest: Path, fetcher: Fetcher) -> Path:
     dest = fetcher.store.root / "toolchains" / key
     if dest.is_dir():
         return dest
+    return unpack_wheels(fetcher, [(str(w.url), Pinned(str(w.url), w.sha256)) for w in wheels],
+                         dest, manifest)
+
+
+def unpack_wheels(fetcher: Fetcher, pins: list[tuple[str, Pinned]], dest: Path, manifest: Path,
+                  finish: Callable[[Path], None] | None = None) -> Path:
+    """Each wheel fetched (verified) and unpacked into ``dest``, made whole in a temp folder
+    and renamed into place (a concurrent unpack of the same set wins or loses whole):
+    ``lib64`` links beside the NVIDIA wheels' ``lib``, then ``finish(tmp)`` if given.
+    ``pins`` are (label for errors, pin); a failed fetch names ``manifest``'s toolchain."""
     try:
-        paths = fetcher.fetch_all([Pinned(str(w.url), w.sha256) for w in wheels])
+        got = fetcher.fetch_all([pin for _, pin in pins])
     except FrankError as exc:
         raise FrankError(exc.message, file=manifest, field="toolchain") from None
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".unpack-", dir=dest.parent))
     try:
-        for wheel in wheels:
-            _unzip(paths[wheel.sha256], tmp, str(wheel.url), manifest)
-        for lib in tmp.glob("nvidia/*/lib"):
-            # nvcc.profile links from lib64 (the toolkit's layout); the wheels ship lib
-            if not (lib.parent / "lib64").exists():
-                (lib.parent / "lib64").symlink_to("lib")
+        for label, pin in pins:
+            _unzip(got[pin.sha256], tmp, label, manifest)
+        link_lib64(tmp)
+        if finish is not None:
+            finish(tmp)
         try:
             tmp.rename(dest)
         except OSError:
@@ -168,6 +178,14 @@ def unpack_toolchain(kernel: Kernel, manifest: Path, fetcher: Fetcher) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return dest
+
+
+def link_lib64(root: Path) -> None:
+    """``nvidia/*/lib64 -> lib``: nvcc.profile links from lib64 (the toolkit's layout); the
+    wheels ship lib."""
+    for lib in root.glob("nvidia/*/lib"):
+        if not (lib.parent / "lib64").exists():
+            (lib.parent / "lib64").symlink_to("lib")
 
 
 def _unzip(wheel: Path, dest: Path, label: str, manifest: Path) -> None:
