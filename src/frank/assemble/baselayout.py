@@ -128,11 +128,12 @@ def cached_base(store: BlobStore, key: str, name: str, make: Callable[[Path], st
         if record.is_file() or layout.exists():
             digest = _recorded_digest(record)
             layers = _layout_holds(layout, digest, store) if digest is not None else None
-            if layers is not None and (check is None or _checked(checked, layers, store)
-                                       or check(layout)):
-                if check is not None:
+            if digest is not None and layers is not None:
+                if check is None or _checked(checked, layers, store):
+                    return BaseImage(name=name, layout=layout, digest=digest)
+                if check(layout):  # noted, so the next compose need not read the layer
                     write_atomic(checked, "\n".join(layers) + "\n")
-                return BaseImage(name=name, layout=layout, digest=digest or "")
+                    return BaseImage(name=name, layout=layout, digest=digest)
             _move_aside(store, [layout, record, checked], key)
         base = BaseImage(name=name, layout=layout, digest=make(layout))
         write_atomic(record, BaseImage(name=name, layout=Path(key),
