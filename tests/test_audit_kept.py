@@ -180,3 +180,43 @@ def test_run_verifies_through_the_ledger_and_still_sees_an_edit(tmp_path: Path) 
     os.utime(blob, ns=(st.st_atime_ns, st.st_mtime_ns))
     with pytest.raises(FrankError, match="changed after the image"):
         verify_layout(layout, ledger=ledger)
+
+
+def test_a_blob_this_process_carries_is_vouched_until_it_changes(
+        kept: tuple[BlobStore, str, list], tmp_path: Path) -> None:
+    """A compose links the last output's blob into its stage (the link moves the ctime, so
+    the ledger's entry no longer applies) and carries it into the ledger under the output's
+    name: its audit takes that file as hashed; a copy, or the file once written to, is not."""
+    store, digest, _ = kept
+    out, stage, copy = tmp_path / "out", tmp_path / "stage", tmp_path / "copy"
+    shutil.copyfile(store.path(digest), out)
+    os.link(out, stage)
+    assert not vouched(store, stage, digest)
+    store.ledger.carry(out, stage, digest.split(":")[1])
+    shutil.copyfile(stage, copy)
+    assert vouched(store, stage, digest) and not vouched(store, copy, digest)
+    with open(stage, "r+b") as f:
+        f.write(b"\0")
+    assert not vouched(store, stage, digest)
+
+
+def test_a_kept_patch_result_keys_on_the_patch_program(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another GNU patch (fuzz and odd hunks vary between releases) is another key: a patch
+    applied by one is not taken as applied by the other."""
+    import frank.assemble.patching as patching
+    from frank.audit.kept import patch_key
+
+    step = {"engine_wheel": "sha256:" + "a" * 64, "destinations": {}}
+    monkeypatch.setattr(patching, "_PROGRAM", None)
+    here = patch_key(step, "--- a/x\n+++ b/x\n")
+    assert "patch" in patching.patch_program()
+    other = tmp_path / "bin" / "patch"
+    other.parent.mkdir()
+    other.write_text("#!/bin/sh\necho 'GNU patch 9.9'\n")
+    other.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{other.parent}:{os.environ['PATH']}")
+    monkeypatch.setattr(patching, "_PROGRAM", None)
+    assert patching.patch_program() == f"{other}: GNU patch 9.9"
+    assert patch_key(step, "--- a/x\n+++ b/x\n") != here
+    monkeypatch.setattr(patching, "_PROGRAM", None)

@@ -548,3 +548,101 @@ def test_release_mode_never_uses_a_kept_reading(world: tuple[Path, Path]) -> Non
     pushed = _push(repo, cache)
     assert pushed.returncode != 0 and "refusing" not in pushed.stderr, pushed.stderr
     assert "127.0.0.1:9" in pushed.stdout + pushed.stderr
+
+
+# --- the files' verdict kept across a config-only change (issue 53's loop) ------------------
+
+def _set_env(repo: Path, value: str) -> None:
+    path = repo / STACK
+    import re
+
+    text = path.read_text()
+    new = re.sub(r'VLLM_NO_USAGE_STATS = "\d+"', f'VLLM_NO_USAGE_STATS = "{value}"', text)
+    assert new != text or f'"{value}"' in text
+    path.write_text(new)
+
+
+def _verdict_records(cache: Path) -> list[Path]:
+    return sorted((cache / "audit-verdicts").glob("*.json"))
+
+
+def test_an_env_change_keeps_the_files_verdict_and_still_checks_the_config(
+        world: tuple[Path, Path]) -> None:
+    """An env value changed: same layers, same expectations of the files: the verdict on the
+    files is kept (nothing read), the config is held to the lock again: a forged LD_PRELOAD
+    on the new image is still refused, and a layer edited consistently is read again."""
+    repo, cache = world
+    _set_env(repo, "2")
+    done = frank("compose", STACK, "--json", cwd=repo, cache=cache)
+    assert done.returncode == 0, done.stderr
+    first = json.loads(done.stdout)
+    assert first["audit"]["ok"] and not first["audit"]["kept"]
+    _set_env(repo, "3")  # by now every blob is one the ledger vouches for: a verdict kept
+    assert frank("compose", STACK, cwd=repo, cache=cache).returncode == 0
+    _set_env(repo, "4")
+    done = frank("compose", STACK, "--json", cwd=repo, cache=cache)
+    assert done.returncode == 0, done.stderr
+    report = json.loads((out_layout(repo).parent / "audit.json").read_text())
+    assert report["ok"] and report["cost"]["verdict_kept"], report["cost"]
+    assert report["cost"]["files"] > 100 and report["cost"]["kept"] == 0  # nothing read
+    _, _, cfg = Forger(out_layout(repo)).docs()
+    assert "VLLM_NO_USAGE_STATS=4" in cfg["config"]["Env"]
+    # the config of this image forged: its layers' verdict is still kept, and the config is not
+    forger = Forger(out_layout(repo))
+    forger.rewrite(config=_ld_preload)
+    forger.drop_audit_record()
+    audit = frank("audit", STACK, "--json", cwd=repo, cache=cache)
+    assert audit.returncode == 1, audit.stdout + audit.stderr
+    found = json.loads(audit.stdout)
+    assert found["cost"]["verdict_kept"]
+    assert any(d["check"] == "env LD_PRELOAD" for d in found["differences"]), found
+    # a layer edited (digests recomputed): other layers, another key: read and refused
+    i = layer_index(forger, "plugin:region-cache")
+    forger.edit_layer(i, lambda ms: [(m, TAMPERED if m.name.endswith("__init__.py") else d)
+                                     for m, d in ms])
+    audit = frank("audit", STACK, "--json", cwd=repo, cache=cache)
+    found = json.loads(audit.stdout)
+    assert audit.returncode == 1 and not found["cost"]["verdict_kept"]
+    assert any(d["path"].endswith("region_cache/__init__.py") for d in found["differences"])
+
+
+def test_a_verdict_record_edited_is_not_used_and_release_mode_uses_none(
+        world: tuple[Path, Path]) -> None:
+    """The kept verdict edited in place (size and mtime put back) is not used: the ledger
+    sees its ctime. Forged consistently (the ledger rewritten to vouch for it), the default
+    audit believes it, as it would a forged kept reading (docs/trust.md); push in release
+    mode never reads one."""
+    import hashlib
+    import time
+
+    from frank.store.blobs import BlobStore, leave_users
+    from frank.store.ledger import coarse_ns
+
+    repo, cache = world
+    for value in "23":
+        _set_env(repo, value)
+        assert frank("compose", STACK, cwd=repo, cache=cache).returncode == 0
+    [record] = _verdict_records(cache)
+    doc = json.loads(record.read_bytes())
+    fake = {"part": "forged", "path": "/forged", "check": "a planted difference",
+            "lock": "x", "image": "y"}
+    doc["data"]["checks"].append(fake)
+    raw = json.dumps(doc, separators=(",", ":")).encode()
+    st = record.stat()
+    record.write_bytes(raw)
+    os.utime(record, ns=(st.st_atime_ns, st.st_mtime_ns))
+    audit = frank("audit", STACK, "--json", cwd=repo, cache=cache)
+    assert audit.returncode == 0, audit.stdout + audit.stderr
+    assert not json.loads(audit.stdout)["cost"]["verdict_kept"]  # read, and kept anew
+    record.write_bytes(raw)  # now with the ledger forged too
+    while coarse_ns() <= record.stat().st_ctime_ns:
+        time.sleep(0.002)
+    store = BlobStore(cache)
+    store.ledger.note(record, hashlib.sha256(raw).hexdigest())
+    store.ledger.save()
+    leave_users(cache)
+    audit = frank("audit", STACK, cwd=repo, cache=cache)
+    refused(audit, "a planted difference")
+    pushed = _push(repo, cache)
+    assert "a planted difference" not in pushed.stdout + pushed.stderr
+    assert pushed.returncode != 0 and "refusing" not in pushed.stderr, pushed.stderr

@@ -55,6 +55,28 @@ def apply_to_wheel(patch_text: str, wheel: Path, site_root: Path, *, label: str,
                           image_root=image_root)
 
 
+_PROGRAM: str | None = None
+
+
+def patch_program() -> str:
+    """Which ``patch`` applies patches here: its path and ``--version`` first line (GNU
+    patch's fuzz and its handling of odd hunks vary between releases), asked once. What a
+    kept result of applying a patch is keyed on, beside the patch and the files."""
+    global _PROGRAM
+    if _PROGRAM is None:
+        import shutil
+
+        path = shutil.which("patch") or "patch"
+        try:
+            proc = subprocess.run([path, "--version"], capture_output=True, text=True,
+                                  check=False, timeout=30)
+            first = (proc.stdout.splitlines() or ["?"])[0]
+        except (OSError, subprocess.SubprocessError):
+            first = "none"
+        _PROGRAM = f"{path}: {first}"
+    return _PROGRAM
+
+
 def apply_to_files(patch_text: str, packages: set[str],
                    originals: Callable[[list[str]], dict[str, bytes]], site_root: Path, *,
                    label: str, log: Path, what: str,

@@ -16,17 +16,26 @@ import re
 import time
 from collections import defaultdict
 from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from frank.audit.base import base_differences, derive_base
+from frank.assemble.plan import BuildPlan
+from frank.audit.base import DerivedBase, base_annotation, base_differences, derive_base
 from frank.audit.checks import Checker, cuda_summary, declared_archs
 from frank.audit.config import config_differences
 from frank.audit.cuda import CudaCode
 from frank.audit.expect import Expected, expected
 from frank.audit.layers import Entry, MergedView, read_image, read_large_cuda
 from frank.audit.paths import bytecode_differences, whiteout_differences
-from frank.audit.report import AuditReport, Cost, Difference, TargetReport, save_record
+from frank.audit.report import (
+    AuditReport,
+    Cost,
+    CudaOwner,
+    Difference,
+    TargetReport,
+    save_record,
+)
 from frank.errors import FrankError
 from frank.image.oci import layout_blob_path, read_layout_blob, resolve_manifest
 from frank.resolve.lock import Lock
@@ -74,9 +83,7 @@ def audit_layout(layout: Path, lock: Lock | None, root: Path, *,
     known = known or {}
     mine = {i: known[str(d.get("digest", ""))] for i, d in enumerate(descs)
             if str(d.get("digest", "")) in known}
-    sound, kept = _kept(store, blobs, descs, mine)
-    sound -= set() if keep_known else set(mine)
-    view = read_image(blobs, workers, {**mine, **kept})
+    sound = _vouched(store, blobs, descs, mine) | set(mine)
     if lock is None:
         lock = stack_lock(layout, root)
     plan = build_plan(lock, root)
@@ -85,49 +92,174 @@ def audit_layout(layout: Path, lock: Lock | None, root: Path, *,
     base = derive_base(lock, root, store, have=[str(d.get("digest", "")) for d in descs])
     from frank.audit.config import engine_built
 
-    diffs, base_layers = base_differences(view, manifest, base, engine_built(image_config))
-    read_large_cuda(view)
-    _keep(store, view, descs, sound - set(kept))
-    found, owned, base_dists = Checker(view, want, base_layers, store=store).run()
-    diffs += found
+    engine = engine_built(image_config)
     # an image a container engine built from frank's Dockerfile: any of its layers may have
     # run python (a RUN, a pip uninstall), which writes the stdlib's bytecode
-    ran = frozenset(range(base_layers, len(view.layers))) if engine_built(image_config) \
-        else frozenset(base_layers + i for i, layer in enumerate(plan.layers)
-                       if layer.impure or layer.run)
-    diffs += bytecode_differences(view, want, base_layers, ran)
-    diffs += whiteout_differences(view, plan, lock, want, base_layers)
-    diffs += config_differences(plan, base.config, image_config)
-    cuda, files = cuda_summary(view, owned, want.target, base_layers)
-    diffs += declared_archs(want, files)
-    target = None
-    if require_target:
-        target, found = _on_target(view, lock, want, files, owned, image_config)
-        diffs += found
+    ran_plan = None if engine else sorted(i for i, layer in enumerate(plan.layers)
+                                          if layer.impure or layer.run)
+    key = None
+    if not require_target and len(sound) == len(descs) and not store.full_verify:
+        top = None if engine else _lock_layer(plan, base, descs, blobs, want)
+        if engine or top is not None:
+            key = _verdict_key(descs, base, want, plan, lock, ran_plan, top)
+    verdict = _from_kept(store, key) if key else None
+    target, n_kept = None, 0
+    found_t: list[Difference] = []
+    if verdict is None:
+        kept = _kept(store, blobs, descs, sound - set(mine))
+        n_kept = len(kept)
+        view = read_image(blobs, workers, {**mine, **kept})
+        base_diffs, base_layers = base_differences(view, manifest, base)
+        read_large_cuda(view)
+        _keep(store, view, descs, (sound if keep_known else sound - set(mine)) - set(kept))
+        found, owned, base_dists = Checker(view, want, base_layers, store=store).run()
+        ran = frozenset(range(base_layers, len(view.layers))) if ran_plan is None \
+            else frozenset(base_layers + i for i in ran_plan)
+        found += bytecode_differences(view, want, base_layers, ran)
+        found += whiteout_differences(view, plan, lock, want, base_layers)
+        cuda, files = cuda_summary(view, owned, want.target, base_layers)
+        archs = declared_archs(want, files)
+        nfiles = sum(1 for _, e in view.visible.values() if e.kind == "file")
+        verdict = _Verdict(base_diffs, found, archs, cuda, sorted(base_dists), nfiles)
+        if key:
+            _keep_verdict(store, key, verdict)
+        if require_target:
+            target, found_t = _on_target(view, lock, want, files, owned, image_config)
+    diffs = (verdict.base + base_annotation(manifest, base, engine) + verdict.checks
+             + config_differences(plan, base.config, image_config) + verdict.archs)
+    diffs += found_t
     total = sum(p.stat().st_size for p in blobs)
-    nfiles = sum(1 for _, e in view.visible.values() if e.kind == "file")
     cost = Cost(seconds=round(time.perf_counter() - start, 3),
                 cpu_seconds=round(time.process_time() - cpu, 3), layers=len(blobs),
-                bytes=total, files=nfiles, read_in_build=len(mine), kept=len(kept))
+                bytes=total, files=verdict.files, read_in_build=len(mine), kept=n_kept,
+                verdict_kept=verdict.kept)
     return AuditReport(layout=str(layout), digest=digest, stack=lock.stack,
                        lock_digest=lock.digest, target=want.target, ok=not diffs,
                        require_target=require_target, differences=diffs, notes=want.notes,
-                       cuda=cuda, target_report=target, dists=len(want.dists),
-                       base_dists=sorted(base_dists),
-                       cost=cost)
+                       cuda=verdict.cuda, target_report=target, dists=len(want.dists),
+                       base_dists=verdict.base_dists, cost=cost)
+
+
+def _vouched(store: BlobStore, blobs: list[Path], descs: list[Any],
+             tapped: Mapping[int, list[Entry]]) -> set[int]:
+    """The layers not tapped by the build whose blob the stat ledger vouches holds its
+    digest, by index."""
+    from frank.audit.kept import vouched
+
+    return {i for i, d in enumerate(descs)
+            if i not in tapped and vouched(store, blobs[i], str(d.get("digest", "")))}
 
 
 def _kept(store: BlobStore, blobs: list[Path], descs: list[Any],
-          tapped: Mapping[int, list[Entry]]) -> tuple[set[int], dict[int, list[Entry]]]:
-    """The layers whose reading is of their digest's bytes (tapped by the build, or a blob
-    the stat ledger vouches for), and of those the ones an earlier audit kept a reading of
-    (``frank.audit.kept``), by index."""
-    from frank.audit.kept import kept_readings, vouched
+          which: set[int]) -> dict[int, list[Entry]]:
+    """Of the layers ``which`` (their blobs vouched for), those an earlier audit kept a
+    reading of (``frank.audit.kept``), by index."""
+    from frank.audit.kept import kept_readings
 
-    want = {i: str(d.get("digest", "")) for i, d in enumerate(descs)
-            if i not in tapped and vouched(store, blobs[i], str(d.get("digest", "")))}
+    want = {i: str(descs[i].get("digest", "")) for i in which}
     found = kept_readings(store, want.values())
-    return set(want) | set(tapped), {i: found[d] for i, d in want.items() if d in found}
+    return {i: found[d] for i, d in want.items() if d in found}
+
+
+@dataclass
+class _Verdict:
+    """What the audit found in the files of the merged image (everything but the manifest's
+    base annotation, the config and the target section), and what it counted."""
+
+    base: list[Difference]
+    checks: list[Difference]
+    archs: list[Difference]
+    cuda: list[CudaOwner]
+    base_dists: list[str]
+    files: int
+    kept: bool = False
+
+
+@dataclass
+class _LockLayer:
+    """The image's top layer, frank's lock: read (a few KB) and found to hold the lock file
+    the expectations name, at its sha256, and nothing but its folders."""
+
+    index: int
+    path: str
+    shape: list[tuple[str, str, int, str]]
+
+
+def _lock_layer(plan: BuildPlan, base: DerivedBase, descs: list[Any], blobs: list[Path],
+                want: Expected) -> _LockLayer | None:
+    """The lock layer, when it holds exactly the lock file the lock makes (else None: the
+    whole image is read, and the audit names what differs). An env part changes only the
+    config and this layer: the verdict on the rest is kept by the rest's digests."""
+    from frank.audit.layers import read_layer
+
+    last = plan.layers[-1] if plan.layers else None
+    if last is None or last.kind != "lock" or len(last.generated) != 1 or \
+            len(descs) != len(base.layers) + len(plan.layers):
+        return None
+    path = last.generated[0].dest.strip("/")
+    sha = next((f.sha256 for f in want.files if f.path == path), None)
+    index = len(descs) - 1
+    entries = read_layer(index, blobs[index]).entries
+    files = [e for e in entries if e.kind != "dir"]
+    parents = {"/".join(path.split("/")[:n]) for n in range(1, path.count("/") + 1)}
+    if [(e.path, e.kind, e.sha256) for e in files] != [(path, "file", sha)] or \
+            any(e.path not in parents for e in entries if e.kind == "dir"):
+        return None
+    return _LockLayer(index, path, [(e.path, e.kind, e.mode, e.link) for e in entries])
+
+
+def _verdict_key(descs: list[Any], base: DerivedBase, want: Expected, plan: BuildPlan,
+                 lock: Lock, ran_plan: list[int] | None, top: _LockLayer | None) -> str:
+    """What the verdict on the files is a function of: the layers' digests (their blobs
+    vouched for), the base derived from the pins, every expectation but the config's (env,
+    entrypoint, labels: checked every time), and the plan's and lock's facts the bytecode
+    and whiteout checks read. The lock layer (``top``, checked on its own) stands in by its
+    shape, and the lock file's sha256 is left out of the expectations."""
+    from frank.audit.kept import verdict_key
+
+    config_side = {"env", "entrypoint", "labels", "notes", "files"}
+    layers = [str(d.get("digest", "")) for d in descs]
+    files = [(f.path, f.sha256, f.part, f.what) for f in want.files]
+    if top is not None:
+        layers[top.index] = "the lock layer, checked on its own"
+        files = [(p, "-" if p == top.path else h, part, what) for p, h, part, what in files]
+    return verdict_key({
+        "layers": layers, "top": top.shape if top is not None else None,
+        "base": [base.name, base.digest, base.layers, base.how],
+        "want": {f.name: getattr(want, f.name) for f in fields(want)
+                 if f.name not in config_side},
+        "files": files,
+        "ran": ran_plan,
+        "base_remove": [sorted(layer.base_remove) for layer in plan.layers],
+        "removes": [[p.name, p.kind, p.spec.get("removes") or []] for p in lock.parts],
+    })
+
+
+def _from_kept(store: BlobStore, key: str) -> _Verdict | None:
+    from frank.audit.kept import kept_verdict
+
+    data = kept_verdict(store, key)
+    if data is None:
+        return None
+    try:
+        base, checks, archs = ([Difference.model_validate(d) for d in data[k]]
+                               for k in ("base", "checks", "archs"))
+        return _Verdict(base, checks, archs,
+                        [CudaOwner.model_validate(c) for c in data["cuda"]],
+                        [str(x) for x in data["base_dists"]], int(data["files"]), kept=True)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _keep_verdict(store: BlobStore, key: str, verdict: _Verdict) -> None:
+    from frank.audit.kept import keep_verdict
+
+    keep_verdict(store, key, {
+        "base": [d.model_dump() for d in verdict.base],
+        "checks": [d.model_dump() for d in verdict.checks],
+        "archs": [d.model_dump() for d in verdict.archs],
+        "cuda": [c.model_dump() for c in verdict.cuda],
+        "base_dists": verdict.base_dists, "files": verdict.files})
 
 
 def _keep(store: BlobStore, view: MergedView, descs: list[Any], read: set[int]) -> None:

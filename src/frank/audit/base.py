@@ -151,9 +151,10 @@ def _key(e: Entry) -> tuple[str, str, int, str]:
     return (e.kind, e.sha256, e.mode & 0o7777, e.link)
 
 
-def base_differences(view: MergedView, manifest: dict[str, Any], base: DerivedBase,
-                     engine_noted: bool = False) -> tuple[list[Difference], int]:
-    """Each image layer below frank's against the base its pins make; how many they are."""
+def base_differences(view: MergedView, manifest: dict[str, Any], base: DerivedBase
+                     ) -> tuple[list[Difference], int]:
+    """Each image layer below frank's against the base its pins make; how many they are.
+    (The manifest's base annotation: ``base_annotation``.)"""
     have = [str(d.get("digest")) for d in manifest.get("layers") or []]
     part = f"base:{base.name}"
     out: list[Difference] = []
@@ -178,13 +179,19 @@ def base_differences(view: MergedView, manifest: dict[str, Any], base: DerivedBa
                 continue
         out.append(Difference(part=part, path=f"layer {i}", check=f"base layer from {base.how}",
                               lock=digest, image=have[i] if i < len(have) else "none"))
+    return out, len(base.layers)
+
+
+def base_annotation(manifest: dict[str, Any], base: DerivedBase,
+                    engine_noted: bool = False) -> list[Difference]:
+    """The base digest the manifest names, against the derived base's."""
     # an engine that built the image names its own copy of the base here; the base's layers
     # above are what is held to the pins
     noted = (manifest.get("annotations") or {}).get("org.opencontainers.image.base.digest")
     if noted is not None and noted != base.digest and not engine_noted:
-        out.append(Difference(part=part, path="manifest annotations", check="base digest",
-                              lock=base.digest, image=str(noted)))
-    return out, len(base.layers)
+        return [Difference(part=f"base:{base.name}", path="manifest annotations",
+                           check="base digest", lock=base.digest, image=str(noted))]
+    return []
 
 
 def _said(e: Entry | None) -> str:

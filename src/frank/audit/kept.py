@@ -24,7 +24,7 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import fields
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -85,9 +85,12 @@ _PATCH_CODE = ("frank/assemble/patching.py", "frank/model/diffs.py", "frank/audi
 
 def patch_key(step: dict[str, Any], text: str) -> str:
     """What a patch applied to a pinned engine wheel makes is a function of: the step (its
-    wheel's sha256, destinations), the patch's text and the code that applies it."""
+    wheel's sha256, destinations), the patch's text, the code that applies it and the
+    ``patch`` program it runs (``patching.patch_program``)."""
+    from frank.assemble.patching import patch_program
+
     src = Path(__file__).resolve().parents[2]
-    digest = hashlib.sha256(f"{FORMAT}-patch\0".encode())
+    digest = hashlib.sha256(f"{FORMAT}-patch\0{patch_program()}\0".encode())
     digest.update(json.dumps(step, sort_keys=True).encode() + b"\0" + text.encode())
     for name in _PATCH_CODE:
         digest.update((src / name).read_bytes())
@@ -108,6 +111,47 @@ def kept_patch(store: BlobStore, key: str) -> dict[str, Any] | None:
 
 def keep_patch(store: BlobStore, key: str, data: dict[str, Any]) -> None:
     _save(store, "audit-patches", key, key, data)
+
+
+_VERDICT_CODE: str | None = None
+
+
+def verdict_key(facts: Any) -> str:
+    """What an audit's verdict on the files is a function of: ``facts`` (the layer digests,
+    the derived base, the expectations, the plan's facts the checks read) and the code of
+    every check (this whole package and the plan it reads): other code, another verdict."""
+    global _VERDICT_CODE
+    if _VERDICT_CODE is None:
+        here = Path(__file__).resolve().parent
+        digest = hashlib.sha256(f"{FORMAT}-verdict".encode())
+        for path in [*sorted(here.glob("*.py")), here.parent / "assemble" / "plan.py"]:
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+        _VERDICT_CODE = digest.hexdigest()
+    raw = json.dumps(facts, sort_keys=True, separators=(",", ":"), default=_plain)
+    return hashlib.sha256(_VERDICT_CODE.encode() + b"\0" + raw.encode()).hexdigest()
+
+
+def _plain(obj: Any) -> Any:
+    """JSON for what ``verdict_key``'s facts hold besides JSON's own types."""
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: getattr(obj, f.name) for f in fields(obj)}
+    if isinstance(obj, (set, frozenset)):
+        return sorted(obj)
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"no JSON for {type(obj).__name__}")
+
+
+def kept_verdict(store: BlobStore, key: str) -> dict[str, Any] | None:
+    """The verdict on the files of an image with the same layers, held to the same
+    expectations by the same code (an env part changed only the config), vouched by the
+    ledger; never under FRANK_VERIFY=full (release mode)."""
+    data = _load(store, "audit-verdicts", key, key)
+    return data if isinstance(data, dict) else None
+
+
+def keep_verdict(store: BlobStore, key: str, data: dict[str, Any]) -> None:
+    _save(store, "audit-verdicts", key, key, data)
 
 
 def _load(store: BlobStore, folder: str, name: str, key: str) -> Any:
@@ -206,12 +250,14 @@ def _files(kept: dict[str, Any]) -> dict[str, tuple[str, int | None]] | None:
 
 
 def vouched(store: BlobStore, blob: Path, digest: str) -> bool:
-    """Whether the ledger vouches that ``blob`` holds ``digest``: under its own name, or as
-    the very file (the same inode) the store keeps under the digest's name."""
+    """Whether the ledger vouches that ``blob`` holds ``digest``: under its own name, as
+    the very file (the same inode) the store keeps under the digest's name, or as a file
+    this process verified and carries into the ledger (an output's blob linked into the
+    stage of the next one)."""
     hexd = digest.split(":", 1)[1]
     if store.full_verify:
         return False
-    if store.ledger.known(blob) == hexd:
+    if store.ledger.known(blob) == hexd or store.ledger.carried(blob) == hexd:
         return True
     try:
         mine, stored = os.stat(blob), os.stat(store.path(digest))

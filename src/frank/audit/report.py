@@ -149,6 +149,9 @@ class Cost(Model):
     read_in_build: int = 0
     # layers whose reading an earlier audit kept by digest (frank.audit.kept), not read again
     kept: int = 0
+    # the verdict on the files was kept from an audit of the same layers held to the same
+    # expectations (frank.audit.kept.verdict_key): only the config was checked again
+    verdict_kept: bool = False
 
 
 class AuditReport(Model):

@@ -119,14 +119,22 @@ def compose(stack: str, out_dir: Path | None, locked: bool, builder: str,
         click.echo(f"audit: {'the image is what the lock says' if report.ok else 'FAILED'} "
                    f"({report.cost.files} files, {report.cost.bytes / 1e9:.2f} GB in "
                    f"{report.cost.seconds:.1f} s, {report.cost.cpu_seconds:.1f} s CPU; "
-                   f"{'kept from the compose that built this digest; ' if audit_kept else ''}"
-                   f"{out / 'audit.json'})")
+                   f"{_how_audited(report, audit_kept)}{out / 'audit.json'})")
     if release and built is not None:
         said = f"differed: {len(findings)} record(s) dropped" if findings else "agrees"
         click.echo("release: every layer, the base and the config derived from the lock's "
                    f"pins; the cache {said}")
     if (report is not None and not report.ok) or findings:
         sys.exit(1)
+
+
+def _how_audited(report: Any, audit_kept: bool) -> str:
+    """Where the audit's verdict came from, when not from reading the image."""
+    if audit_kept:
+        return "kept from the compose that built this digest; "
+    if report.cost.verdict_kept:
+        return "the files' verdict kept from an audit of the same layers, the config checked; "
+    return ""
 
 
 def _build(plan: Any, result: Any, root: Path, stage: Path, out: Path, builder: str,

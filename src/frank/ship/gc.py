@@ -36,7 +36,7 @@ _HEX = re.compile(r"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])")
 _SMALL = 4 << 20  # a blob this small may be a manifest or an index: its digests are followed
 # Folders of the cache kept by age alone (what a key of theirs stands for is not at hand).
 BY_AGE = ("step-outputs", "git", "quarantine", "kernels", "toolchains", "run-cache",
-          "audit-bases", "audit-patches", "audit-records")
+          "audit-bases", "audit-patches", "audit-records", "audit-verdicts")
 
 
 @dataclass

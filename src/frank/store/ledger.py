@@ -153,6 +153,24 @@ class Ledger:
         self.hits += 1
         return entry.sha256
 
+    def carried(self, path: Path | str) -> str | None:
+        """The sha256 (hex) of a file this process verified and ``carry``-noted under another
+        name, when ``path`` is that very file as it is now (same inode, size, mtime and
+        ctime): a layout's blob linked in while it is built, asked about before ``save``."""
+        if self.full or not self._carried:
+            return None
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        if untrusted_fs(path, st.st_dev):
+            return None
+        key = stat_key(st)
+        for then, _, sha256 in self._carried.values():
+            if then == key:
+                return sha256
+        return None
+
     def sha256(self, path: Path | str) -> str:
         """``path``'s sha256 (hex): from the ledger where its stat matches, else hashed (and
         noted, if the file held still while it was read)."""
