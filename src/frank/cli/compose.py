@@ -143,7 +143,6 @@ def _build(plan: Any, result: Any, root: Path, stage: Path, out: Path, builder: 
     """Build into ``stage`` and audit (or keep the audit of an unchanged image). In
     ``release`` mode no audit record, kept reading or kept base is used, and no ledger."""
     from frank.assemble.builder import build
-    from frank.audit.auditor import audit_layout
     from frank.audit.layers import TarReader
     from frank.audit.report import load_record, save_record
 
@@ -159,6 +158,7 @@ def _build(plan: Any, result: Any, root: Path, stage: Path, out: Path, builder: 
     audit_kept = report is not None
     if report is None:
         with console.status("auditing the image against its lock"):
+            from frank.audit.auditor import audit_layout  # 0.1 s of imports a no-op skips
             from frank.store.blobs import BlobStore
 
             report = audit_layout(audited, result.lock, root, known=built.tapped,
