@@ -13,7 +13,7 @@ them again: heal, never brick. The image written is the derived one.
 
 Host builds that take an hour (an ``aot`` part's modules, an ``extension``'s module) are the
 exception a pin makes: a part whose lock pins ``output_sha256`` (a fixed output, as Nix's
-fixed-output derivations) has its kept output linked into the scratch store, hashed there in
+fixed-output derivations) has its kept output copied into the scratch store, hashed there in
 full and taken only if it is the pin; else (absent, or different: a finding, moved to
 ``quarantine/``) it is built again, and held to the pin when built. An unpinned one is built
 again, said in one line.
@@ -166,6 +166,8 @@ def take_pinned_outputs(release: Release, lock: Lock, root: Path) -> None:
             got = _take(release, part, root, root / locked.manifest, pin)
             if got == "taken":
                 release.taken.append(locked.name)
+                print(f"release: {locked.name}: its kept output, hashed in full, is its "
+                      "output_sha256: taken, not built again", file=sys.stderr, flush=True)
                 continue
             if isinstance(got, Finding):
                 release.kept.append(got)
@@ -177,7 +179,7 @@ def take_pinned_outputs(release: Release, lock: Lock, root: Path) -> None:
 
 def _take(release: Release, part: Aot | Extension, root: Path, manifest: Path, pin: str
           ) -> Finding | str:
-    """``taken`` (linked into the scratch store, hashed there in full, the pin), ``absent``,
+    """``taken`` (copied into the scratch store, hashed there in full, the pin), ``absent``,
     or a finding (the cache's folders moved to ``quarantine/``)."""
     from frank.assemble.aot import kept_paths, output_digest
     from frank.assemble.extension import kept_folder
@@ -193,12 +195,9 @@ def _take(release: Release, part: Aot | Extension, root: Path, manifest: Path, p
         files = {"": (kept_folder(part, root, real) / module).relative_to(real)}
     if not all((real / rel).is_file() for rel in files.values()):
         return "absent"
-    for rel in files.values():  # linked, then hashed in full where the build reads it
-        (scratch / rel).parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(real / rel, scratch / rel)
-        except OSError:
-            shutil.copyfile(real / rel, scratch / rel)
+    for rel in files.values():  # copied (megabytes: no inode shared with the cache), then
+        (scratch / rel).parent.mkdir(parents=True, exist_ok=True)  # hashed where it is read
+        shutil.copyfile(real / rel, scratch / rel)
     hashes = {rel: hash_file(scratch / rel) for rel in files.values()}
     got = output_digest({n: real / rel for n, rel in files.items()},
                         lambda p: hashes[p.relative_to(real)]) \
