@@ -199,8 +199,8 @@ def _take(release: Release, part: Aot | Extension, root: Path, manifest: Path, p
         (scratch / rel).parent.mkdir(parents=True, exist_ok=True)  # hashed where it is read
         shutil.copyfile(real / rel, scratch / rel)
     hashes = {rel: hash_file(scratch / rel) for rel in files.values()}
-    got = output_digest({n: real / rel for n, rel in files.items()},
-                        lambda p: hashes[p.relative_to(real)]) \
+    got = output_digest({n: scratch / rel for n, rel in files.items()},
+                        lambda p: hashes[p.relative_to(scratch)]) \
         if isinstance(part, Aot) else hashes[files[""]]
     if got == pin:
         ledger = BlobStore(scratch).ledger  # read once: the build takes it as hashed
