@@ -112,6 +112,38 @@ def test_a_wrong_pin_fails_compose_naming_the_field(repo: Path, tmp_path: Path, 
     assert not list((tmp_path / "bad").rglob("*.so")) and ran == []
 
 
+def test_a_kept_output_is_held_to_its_pin_through_the_ledger(
+        repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compose's check of a kept output costs a stat once the ledger holds it; an edit that
+    restores size and mtime is still read again, and named."""
+    import os
+
+    _no_builds(monkeypatch)
+    plan, layers = _plan(repo)
+    layer = layers["extension"]
+    spec = dict(layer.extension or {})
+    store = BlobStore(tmp_path / "store")
+    digest = _keep(_part(spec), repo, store.root, repo / str(layer.manifest))
+    pinned = layer.model_copy(update={"extension": {**spec, "output_sha256": digest}})
+    _place("extension", pinned, plan, repo, tmp_path / "a", store)
+    store.ledger.save()  # as a compose ends
+    hashed = store.ledger.hashed
+    _place("extension", pinned, plan, repo, tmp_path / "b", store)
+    assert store.ledger.hashed == hashed  # the second check: a stat, no read
+    module = next((tmp_path / "store" / "exllamav3-ext").glob("*/*.so"))
+    st = module.stat()
+    module.write_bytes(module.read_bytes().replace(b"ELF", b"FLE"))  # same size
+    os.utime(module, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.raises(FrankError) as err:
+        _place("extension", pinned, plan, repo, tmp_path / "c", store)
+    assert "is not what its result.json records" in str(err.value)
+    # a forger who writes result.json and the ledger to agree is still not the repo's pin
+    _forge(_part(spec), repo, repo / str(layer.manifest), store.root)
+    with pytest.raises(FrankError) as err:
+        _place("extension", pinned, plan, repo, tmp_path / "d", store)
+    assert err.value.field == "output_sha256" and digest in str(err.value)
+
+
 def _pinned_lock(repo: Path, pins: dict[str, str | None]) -> Lock:
     """served's lock with each named part's ``output_sha256`` set (None: none pinned)."""
     lock = read_lock(repo / "stacks/served.lock")
