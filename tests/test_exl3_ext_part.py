@@ -186,7 +186,9 @@ def test_a_kept_module_is_used_only_if_it_is_what_its_record_says(tmp_path: Path
     from frank.store.blobs import BlobStore
     from frank.store.fetch import Fetcher
 
-    part = _part()
+    raw = _raw()
+    del raw["output_sha256"]  # the made-up module is not what the pin says (test_output_pins)
+    part = _part(raw)
     kept = tmp_path / "store" / "exllamav3-ext" / _key(part)
     kept.mkdir(parents=True)
     module = kept / f"exllamav3_ext{SUFFIX}"

@@ -149,7 +149,8 @@ def wheels() -> Path:
 
 @pytest.fixture(scope="module")
 def small(repo_dir: Path) -> Aot:
-    return _part(modules="builders/flashinfer-aot/ci.toml")
+    # served's pin is of served's modules: this part builds one other module
+    return _part(modules="builders/flashinfer-aot/ci.toml", output_sha256=None)
 
 
 @pytest.fixture(scope="module")
@@ -218,3 +219,45 @@ def test_unchanged_builds_nothing(built: tuple[Path, Path, Path], small: Aot, re
                                    Fetcher(BlobStore(caches / "a"), [wheels]))
     assert again["silu_and_mul"] == built[0]
     assert len((caches / "a" / "aot" / "runs.jsonl").read_text().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_release_takes_the_built_module_by_its_pin_and_refuses_it_forged(
+        built: tuple[Path, Path, Path], small: Aot, repo_dir: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Output pins (tests/test_output_pins.py) on a module nvcc made: a release build takes
+    it by the lock's output_sha256 without unpacking or running the toolchain; with one bit
+    of its machine code flipped it is a finding and built again."""
+    from frank.audit.release import scratch_cache
+    from frank.resolve.lock import read_lock
+
+    cache = tmp_path / "cache"  # the module nvcc built, in a cache of this test's own
+    shutil.copytree(built[2] / "a" / "aot", cache / "aot")
+    pin = aotbuild.output_digest({"silu_and_mul": built[0]}, sha256_file)
+    served = read_lock(ROOT / "stacks" / "served.lock")
+    locked = next(p for p in served.parts if p.kind == "aot")
+    spec = {**locked.spec, "modules": small.modules, "output_sha256": pin}
+    lock = served.model_copy(update={"parts": [locked.model_copy(update={"spec": spec})]})
+    part = Aot.model_validate(spec)
+    monkeypatch.setenv("FRANK_CACHE", str(cache))
+
+    def no(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the toolchain was unpacked or run")
+
+    monkeypatch.setattr(aotbuild, "unpack", no)
+    monkeypatch.setattr(aotbuild, "_run_build", no)
+    with scratch_cache(lock, repo_dir) as release:
+        assert release.taken == ["flashinfer-aot"] and release.kept == []
+        got = aotbuild.build_modules(part, repo_dir, MANIFEST, Fetcher(BlobStore()))
+        assert got["silu_and_mul"].is_relative_to(release.scratch)
+        assert sha256_file(got["silu_and_mul"]) == sha256_file(built[0])
+    kept = cache / "aot" / built[0].parent.name / "silu_and_mul.so"
+    data = bytearray(kept.read_bytes())
+    data[len(data) // 2] ^= 1
+    kept.write_bytes(bytes(data))
+    with scratch_cache(lock, repo_dir) as release:
+        assert release.taken == []
+        assert [f.what for f in release.kept] == ["kept output of flashinfer-aot"]
+        with pytest.raises(AssertionError, match="toolchain was unpacked"):
+            aotbuild.build_modules(part, repo_dir, MANIFEST, Fetcher(BlobStore()))
+    assert not kept.exists()  # moved to quarantine/: the next compose builds it again

@@ -19,6 +19,10 @@ run of the builder (one ninja over all their sources, ``MAX_JOBS`` = the cores),
 private mount and network namespace ``frank.assemble.kernel`` uses, at fixed paths
 (``BUILD_ROOT/src``, ``BUILD_ROOT/toolchain``), so two machines give the same bytes. Every
 run is appended to ``$FRANK_CACHE/aot/runs.jsonl`` (the modules it built and their times).
+
+A part that pins ``output_sha256`` has what it gets (built or kept) held to it: the
+``sha256_tree`` of the folder its layer places (``<name>/<name>.so`` each, 0644), from each
+file's sha256 through the store's stat ledger, so a kept output costs a stat per module.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from frank.assemble.kernel import (
@@ -43,7 +48,7 @@ from frank.assemble.kernel import (
     unpack_wheels,
 )
 from frank.errors import FrankError
-from frank.hashing import sha256_file, sha256_json
+from frank.hashing import sha256_bytes, sha256_file, sha256_json
 from frank.model.archs import spell_archs
 from frank.model.kinds.aot import Aot, AotModule, read_modules
 from frank.model.kinds.engine import LocalWheelFile
@@ -68,9 +73,33 @@ def module_keys(part: Aot, root: Path, manifest: Path, *, isolated: bool
                      for m in modules}
 
 
+def kept_paths(part: Aot, root: Path, manifest: Path, store_root: Path) -> dict[str, Path]:
+    """name -> where the store keeps each module of ``part`` (there or not)."""
+    modules, keys = module_keys(part, root, manifest, isolated=isolation() is not None)
+    return {m.name: store_root / "aot" / keys[m.name] / f"{m.name}.so" for m in modules}
+
+
+def output_digest(paths: dict[str, Path], hash_of: Callable[[Path], str]) -> str:
+    """What ``output_sha256`` pins: ``frank.hashing.sha256_tree`` of the folder the layer
+    places at ``dest`` (``<name>/<name>.so``, mode 0644), from each file's sha256 as
+    ``hash_of`` gives it (the ledger's in a compose, a full read in release mode)."""
+    files = sorted((f"{name}/{name}.so", path) for name, path in paths.items())
+    return sha256_bytes("".join(f"{hash_of(path)} - {rel}\n" for rel, path in files).encode())
+
+
+def check_output(pin: str | None, got: str, manifest: Path | None) -> None:
+    """A pinned output that is not what the build made (or kept): one line naming the
+    manifest's field and both digests."""
+    if pin is not None and got != pin:
+        raise FrankError(f"the build's output is {got}, the pin is {pin}: a stale pin or a "
+                         "build that does not reproduce (`frank pin NAME@VERSION --output` "
+                         "writes the kept output's digest)", file=manifest, field="output_sha256")
+
+
 def build_modules(part: Aot, root: Path, manifest: Path, fetcher: Fetcher | None = None,
                   *, jobs: int | None = None) -> dict[str, Path]:
-    """name -> the built (or kept) ``<name>.so`` of every module of ``part``."""
+    """name -> the built (or kept) ``<name>.so`` of every module of ``part``; held to the
+    part's ``output_sha256`` when it pins one."""
     fetcher = fetcher or Fetcher()
     prefix = isolation()
     modules, keys = module_keys(part, root, manifest, isolated=prefix is not None)
@@ -79,6 +108,9 @@ def build_modules(part: Aot, root: Path, manifest: Path, fetcher: Fetcher | None
     missing = [m for m in modules if not paths[m.name].is_file()]
     if missing:
         _build(part, root, manifest, fetcher, missing, keys, prefix, jobs or os.cpu_count() or 1)
+    if part.output_sha256 is not None:
+        check_output(part.output_sha256, output_digest(paths, fetcher.store.ledger.sha256),
+                     manifest)
     return paths
 
 

@@ -16,7 +16,9 @@ input's sha256 by label, the builder's tree, the archs, the sources built (all u
 ``only``), the Python headers, the module's suffix and the host C++ compiler's version line
 (nvcc compiles host code with it; no wheel pins it): the same key builds nothing.
 bench/exllamav3_ext_build.py calls this with its own archs, ``--only`` or another Python's
-headers, so its keys and a compose's are one.
+headers, so its keys and a compose's are one. The kept module is checked through the store's
+stat ledger (a stat, unless it changed), and the part's build (no overrides) against its
+``output_sha256`` when it pins one (the module file's sha256; not in the key).
 """
 
 from __future__ import annotations
@@ -38,9 +40,10 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name
 
+from frank.assemble.aot import check_output
 from frank.assemble.kernel import host_compiler, link_lib64
 from frank.errors import FrankError
-from frank.hashing import sha256_file, sha256_json, sha256_tree
+from frank.hashing import sha256_json, sha256_tree
 from frank.model.archs import parse_arch
 from frank.model.kinds.extension import Extension, PinnedDeb, ext_suffix, python_version
 from frank.model.pins import wheel_filename
@@ -143,12 +146,21 @@ class Built:
         return self.folder / str(self.result["module"])
 
 
+def kept_folder(part: Extension, root: Path, store_root: Path) -> Path:
+    """Where the store keeps the part's own build (no overrides), there or not."""
+    suffix = ext_suffix(part.python_headers)
+    key = build_key(part, root, archs=torch_archs(list(part.archs)), only=[],
+                    python=[part.python_headers.package], suffix=suffix)
+    return store_root / Path(part.builder.path).name / key
+
+
 def build_extension(part: Extension, root: Path, fetcher: Fetcher, *,
                     manifest: Path | None = None, archs: str | None = None,
                     only: list[str] | None = None, python_include: list[Path] | None = None,
                     suffix: str | None = None, jobs: int | None = None) -> Built:
     """The part's module, built or kept by key. ``archs``, ``only``, ``python_include`` and
     ``suffix`` override the part's (the bench's and CI's smaller builds); each is in the key."""
+    own = not (archs or only or python_include or suffix)  # the part's build: its pin holds
     archs = archs or torch_archs(list(part.archs))
     only = list(only or [])
     py_dirs = list(python_include or [])
@@ -164,10 +176,13 @@ def build_extension(part: Extension, root: Path, fetcher: Fetcher, *,
                 _build(part, root, fetcher, manifest, kept, key, archs=archs, only=only,
                        py_dirs=py_dirs, suffix=suffix, jobs=jobs or os.cpu_count() or 1)
     built = Built(kept, json.loads((kept / "result.json").read_text()))
-    if not built.module.is_file() or sha256_file(built.module) != built.result["sha256"]:
+    got = fetcher.store.ledger.sha256(built.module) if built.module.is_file() else None
+    if got != built.result["sha256"]:
         raise FrankError(f"the kept {built.module} is not what its result.json records "
                          f"(sha256 {built.result['sha256']}): remove {kept} to build it again",
                          file=manifest, field="builder")
+    if own:
+        check_output(part.output_sha256, str(got), manifest)
     return built
 
 

@@ -11,6 +11,13 @@ naming the layer and the path; each record that differs is dropped from the cach
 record forgotten, a base or kept outputs moved to ``quarantine/``), so the next compose makes
 them again: heal, never brick. The image written is the derived one.
 
+Host builds that take an hour (an ``aot`` part's modules, an ``extension``'s module) are the
+exception a pin makes: a part whose lock pins ``output_sha256`` (a fixed output, as Nix's
+fixed-output derivations) has its kept output copied into the scratch store, hashed there in
+full and taken only if it is the pin; else (absent, or different: a finding, moved to
+``quarantine/``) it is built again, and held to the pin when built. An unpinned one is built
+again, said in one line.
+
 ``frank compose --release`` and, unless ``--trust-cache`` is given, ``frank push``,
 ``frank attest`` and ``ci/build-images`` build this way.
 """
@@ -28,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from frank.errors import FrankError
+from frank.model.kinds.aot import Aot
+from frank.model.kinds.extension import Extension
 from frank.resolve.lock import Lock
 from frank.store.blobs import BlobStore
 
@@ -57,6 +66,8 @@ class Release:
     scratch: Path
     findings: list[Finding] = field(default_factory=list)
     seeded: int = 0
+    kept: list[Finding] = field(default_factory=list)  # kept outputs that are not their pin
+    taken: list[str] = field(default_factory=list)  # parts whose pinned output was taken
 
 
 def pinned_digests(lock: Lock, root: Path) -> set[str]:
@@ -107,6 +118,7 @@ def scratch_cache(lock: Lock, root: Path) -> Iterator[Release]:
     try:
         release = Release(real, scratch)
         release.seeded = seed(real, scratch, pinned_digests(lock, root))
+        take_pinned_outputs(release, lock, root)
         os.environ["FRANK_CACHE"] = str(scratch)
         yield release
     finally:
@@ -129,11 +141,87 @@ def compare(release: Release, layout: Path) -> list[Finding]:
     record that differs dropped from the cache."""
     scratch = BlobStore(release.scratch)
     names = _layer_names(layout)
-    out = _layers(release.real, scratch, names)
+    out = list(release.kept)
+    out += _layers(release.real, scratch, names)
     out += _bases(release.real, release.scratch)
     out += _step_outputs(release.real.root, release.scratch)
     release.findings = out
     return out
+
+
+def take_pinned_outputs(release: Release, lock: Lock, root: Path) -> None:
+    """Each ``aot`` or ``extension`` part's kept output, into the scratch store if hashed
+    there in full it is the lock's ``output_sha256``; what differs is a finding, moved to
+    ``quarantine/`` (module docstring). Lines on stderr say what is built again and why."""
+    import sys
+
+    for locked in lock.parts:
+        if locked.kind not in ("aot", "extension"):
+            continue
+        part = (Aot if locked.kind == "aot" else Extension).model_validate(locked.spec)
+        pin = part.output_sha256
+        if pin is None:
+            said = "pins no output_sha256"
+        else:
+            got = _take(release, part, root, root / locked.manifest, pin)
+            if got == "taken":
+                release.taken.append(locked.name)
+                print(f"release: {locked.name}: its kept output, hashed in full, is its "
+                      "output_sha256: taken, not built again", file=sys.stderr, flush=True)
+                continue
+            if isinstance(got, Finding):
+                release.kept.append(got)
+            said = "has no kept output" if got == "absent" else \
+                "has a kept output that is not its output_sha256"
+        print(f"release: {locked.name} {said}: building it again", file=sys.stderr,
+              flush=True)
+
+
+def _take(release: Release, part: Aot | Extension, root: Path, manifest: Path, pin: str
+          ) -> Finding | str:
+    """``taken`` (copied into the scratch store, hashed there in full, the pin), ``absent``,
+    or a finding (the cache's folders moved to ``quarantine/``)."""
+    from frank.assemble.aot import kept_paths, output_digest
+    from frank.assemble.extension import kept_folder
+    from frank.model.kinds.extension import ext_suffix
+    from frank.store.ledger import hash_file
+
+    real, scratch = release.real.root, release.scratch
+    if isinstance(part, Aot):
+        files = {name: p.relative_to(real)
+                 for name, p in kept_paths(part, root, manifest, real).items()}
+    else:
+        module = f"{part.module}{ext_suffix(part.python_headers)}"
+        files = {"": (kept_folder(part, root, real) / module).relative_to(real)}
+    if not all((real / rel).is_file() for rel in files.values()):
+        return "absent"
+    for rel in files.values():  # copied (megabytes: no inode shared with the cache), then
+        (scratch / rel).parent.mkdir(parents=True, exist_ok=True)  # hashed where it is read
+        shutil.copyfile(real / rel, scratch / rel)
+    hashes = {rel: hash_file(scratch / rel) for rel in files.values()}
+    got = output_digest({n: scratch / rel for n, rel in files.items()},
+                        lambda p: hashes[p.relative_to(scratch)]) \
+        if isinstance(part, Aot) else hashes[files[""]]
+    if got == pin:
+        ledger = BlobStore(scratch).ledger  # read once: the build takes it as hashed
+        for rel, sha in hashes.items():
+            ledger.note(scratch / rel, sha)
+        if not isinstance(part, Aot):  # its record written here, not taken from the cache
+            rel = files[""]
+            (scratch / rel).parent.joinpath("result.json").write_text(json.dumps(
+                {"module": rel.name, "sha256": got, "key": rel.parent.name,
+                 "taken": "release: the kept module, hashed in full, is output_sha256"}))
+        return "taken"
+    for rel in files.values():
+        shutil.rmtree(scratch / rel.parent, ignore_errors=True)
+    bad = release.real.root / "quarantine" / "outputs"
+    bad.mkdir(parents=True, exist_ok=True)
+    for rel in dict.fromkeys(r.parent for r in files.values()):
+        with contextlib.suppress(OSError):
+            os.replace(real / rel, tempfile.mkdtemp(prefix=f"{rel.name[:16]}-", dir=bad))
+    return Finding(f"kept output of {part.name}", ", ".join(str(r) for r in files.values()),
+                   f"output {got}", f"output_sha256 {pin}",
+                   "moved to quarantine/: this build makes it again")
 
 
 def _layer_names(layout: Path) -> dict[str, str]:

@@ -3,7 +3,10 @@
 The manifest is edited with tomlkit (comments and order kept) and validated before it is
 renamed into place. Sources: git ls-remote (engine commit, patch source commit), the hub
 (weights and hub data revisions), a package index (wheel URL and sha256), a registry
-(``--image NAME``: the digest of ``images/NAME.toml``'s ref).
+(``--image NAME``: the digest of ``images/NAME.toml``'s ref). ``--output`` pins what an
+``aot`` or ``extension`` part's build made on this machine (its kept output in the store,
+hashed in full) as ``output_sha256``: the lock then carries it, and release mode takes a
+kept output equal to it instead of building again (docs/trust.md).
 """
 
 from __future__ import annotations
@@ -85,6 +88,49 @@ def _pin_part(doc: Any, ref: str | None, index: str, wheel_tag: str | None,
     return changes
 
 
+def _pin_output(doc: Any, path: Path, root: Path) -> list[tuple[str, str | None, str]]:
+    """``output_sha256`` set to the digest of the part's kept output in this store (a
+    compose or build on this machine made it), hashed in full."""
+    from frank.model.kinds import PART_ADAPTER
+    from frank.model.kinds.aot import Aot
+    from frank.model.kinds.extension import Extension
+    from frank.store.blobs import BlobStore
+    from frank.store.ledger import hash_file
+
+    kind = _str(doc, "kind")
+    if kind not in ("aot", "extension"):
+        raise FrankError(f"a {kind} part has no built output to pin (only aot and extension)",
+                         file=path, field="--output")
+    part = PART_ADAPTER.validate_python(doc.unwrap())
+    store = BlobStore()
+    if isinstance(part, Aot):
+        from frank.assemble.aot import kept_paths, output_digest
+
+        files = kept_paths(part, root, path, store.root)
+        digest = output_digest(files, hash_file) if all(
+            p.is_file() for p in files.values()) else None
+    else:
+        from frank.assemble.extension import kept_folder
+        from frank.model.kinds.extension import ext_suffix
+
+        assert isinstance(part, Extension)
+        module = kept_folder(part, root, store.root) / \
+            f"{part.module}{ext_suffix(part.python_headers)}"
+        digest = hash_file(module) if module.is_file() else None
+    if digest is None:
+        raise FrankError(f"no kept output of {part.name} in {store.root}: compose a stack "
+                         "with it first (FRANK_CACHE names the store)", file=path,
+                         field="--output")
+    old = _str(doc, "output_sha256")
+    if old == digest:
+        return []
+    value = tomlkit.string(digest)
+    value.comment("frank pin --output: what the build made")
+    value.trivia.comment_ws = "  "
+    doc["output_sha256"] = value
+    return [("output_sha256", old, digest)]
+
+
 def _validate(text: str, path: Path) -> None:
     """The edited manifest must still be a valid part before it replaces the old one."""
     import tomllib
@@ -108,9 +154,12 @@ def _validate(text: str, path: Path) -> None:
 @click.option("--index", default=PYPI, show_default=True, help="Package index (PEP 503/691).")
 @click.option("--wheel-tag", default=None, help="Choose among several wheels by a substring.")
 @click.option("--image", default=None, help="Pin images/IMAGE.toml's ref by digest.")
+@click.option("--output", "output", is_flag=True,
+              help="aot, extension: pin output_sha256 to what this machine's build made "
+                   "(the kept output in FRANK_CACHE).")
 @json_option
 def pin(part: str | None, ref: str | None, release: str | None, index: str,
-        wheel_tag: str | None, image: str | None, as_json: bool) -> None:
+        wheel_tag: str | None, image: str | None, output: bool, as_json: bool) -> None:
     """Resolve PART@VERSION's tag/branch/release into a content pin in its manifest."""
     root = repo_root_for()
     if image is not None:
@@ -142,7 +191,8 @@ def pin(part: str | None, ref: str | None, release: str | None, index: str,
         if not path.is_file():
             raise FrankError(f"no manifest parts/{name}/{version}.toml")
         doc = tomlkit.parse(path.read_text(encoding="utf-8"))
-        changes = _pin_part(doc, ref, index, wheel_tag, release)
+        changes = _pin_output(doc, path, root) if output else \
+            _pin_part(doc, ref, index, wheel_tag, release)
         _validate(tomlkit.dumps(doc), path)
         write_atomic(path, tomlkit.dumps(doc))
     result = [{"field": f, "old": o, "new": n} for f, o, n in changes]

@@ -16,7 +16,11 @@ offline, from pinned inputs, and puts them where the library looks first:
   apache-tvm-ffi, ...), all unpacked once into one folder by content;
 - ``dest``: the library's AOT folder under site-packages (FlashInfer: ``flashinfer/data/aot``);
 - ``env``: variables the engine needs once the modules are there (vLLM checks for nvcc or
-  flashinfer-cubin before it uses FlashInfer at all: MODULES.md in the builder's folder).
+  flashinfer-cubin before it uses FlashInfer at all: MODULES.md in the builder's folder);
+- ``output_sha256``: optional, what the build makes, pinned (as Nix's fixed-output
+  derivations): ``sha256_tree`` of the folder the layer places at ``dest``. Not in any
+  module's build key; a build or kept output that is not it fails the compose, and release
+  mode takes a kept output hashed equal to it instead of building again (docs/trust.md).
 
 Each module is built once per content key (``frank.assemble.aot``): a change to one input
 rebuilds only the modules it reaches.
@@ -37,10 +41,14 @@ from frank.model.kinds.base import LayerContribution, PartBase, PartContext, Str
 from frank.model.kinds.derived import Program
 from frank.model.kinds.engine import LocalWheelFile, PinnedWheel
 from frank.model.kinds.env import EnvName
-from frank.model.pins import Distribution, OneLine, RelativePath, wheel_filename
+from frank.model.pins import Distribution, OneLine, RelativePath, Sha256, wheel_filename
 
 _MODULE_NAME = re.compile(r"[A-Za-z0-9_]+")
 _GENERATOR = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*")
+# A host build's output pinned by digest (aot, extension): left out of the spec when absent,
+# so an unpinned part keeps its key; never in the build's own key (frank.assemble.aot,
+# frank.assemble.extension), so pinning builds nothing again.
+OutputPin = Annotated[Sha256 | None, Field(default=None, exclude_if=lambda v: v is None)]
 
 
 class AotModule(Strict):
@@ -126,6 +134,7 @@ class Aot(PartBase):
     python: list[PinnedWheel | LocalWheelFile] = []
     dest: RelativePath  # under site-packages
     env_: dict[EnvName, OneLine] = Field(default={}, alias="env")
+    output_sha256: OutputPin = None
 
     def inputs(self, ctx: PartContext) -> dict[str, str]:
         assert self.wheel is not None and self.toolchain is not None

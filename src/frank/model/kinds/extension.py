@@ -15,7 +15,8 @@ the image. An ``extension`` part builds that module on the host, offline, from p
 - ``headers``: wheels of which only the ``include`` folders are used (torch's, cuBLAS's,
   ...); one of a distribution the closure installs must be the file it installs;
 - ``python_headers``: the ``libpython3.X-dev`` .deb of the image's interpreter (its
-  ``Python.h``), which also names the module's suffix (``.cpython-3X-x86_64-linux-gnu.so``).
+  ``Python.h``), which also names the module's suffix (``.cpython-3X-x86_64-linux-gnu.so``);
+- ``output_sha256``: optional, the module file's sha256, pinned (as ``aot``'s).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pydantic import Field
 
 from frank.errors import FrankError
 from frank.model.archs import Arch
-from frank.model.kinds.aot import builder_inputs
+from frank.model.kinds.aot import OutputPin, builder_inputs
 from frank.model.kinds.base import LayerContribution, PartBase, PartContext, Strict
 from frank.model.kinds.derived import Program
 from frank.model.kinds.engine import PinnedWheel
@@ -81,6 +82,7 @@ class Extension(PartBase):
     toolchain: Annotated[list[PinnedWheel], Field(min_length=1)] | None = None
     headers: list[PinnedWheel] = []
     python_headers: PinnedDeb
+    output_sha256: OutputPin = None
 
     def inputs(self, ctx: PartContext) -> dict[str, str]:
         assert self.wheel is not None and self.toolchain is not None
