@@ -63,6 +63,7 @@ def compose(stack: str, out_dir: Path | None, locked: bool, builder: str,
     report = None
     audit_kept = False
     findings: list[str] = []
+    taken: list[str] = []  # host builds release mode took by their output_sha256
     with staged_output(out) as stage:  # the old output stays whole until this one is
         with status(console, f"writing build context to {out}"):
             from frank.assemble.context import write_context
@@ -77,6 +78,7 @@ def compose(stack: str, out_dir: Path | None, locked: bool, builder: str,
                                                        builder, mirrors, as_json, console,
                                                        release=True)
                     findings = [f.line() for f in compare(scratch, built.layout)]
+                    taken = list(scratch.taken)
             else:
                 built, report, audit_kept = _build(plan, result, root, stage, out, builder,
                                                    mirrors, as_json, console)
@@ -122,8 +124,10 @@ def compose(stack: str, out_dir: Path | None, locked: bool, builder: str,
                    f"{_how_audited(report, audit_kept)}{out / 'audit.json'})")
     if release and built is not None:
         said = f"differed: {len(findings)} record(s) dropped" if findings else "agrees"
+        pinned = f" ({', '.join(taken)}: kept outputs taken at their output_sha256)" \
+            if taken else ""
         click.echo("release: every layer, the base and the config derived from the lock's "
-                   f"pins; the cache {said}")
+                   f"pins{pinned}; the cache {said}")
     if (report is not None and not report.ok) or findings:
         sys.exit(1)
 
