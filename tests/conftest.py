@@ -11,7 +11,14 @@ from typing import Any
 import pytest
 
 from tests import disk
+from tests.smoke_served import (  # noqa: F401
+    smoke_engines,
+    smoke_plain,
+    smoke_repo,
+    smoke_with,
+)
 from tests.spine_helpers import copy_repo
+from tests.vllm_server import SESSION_VLLM_CACHE
 
 
 @pytest.fixture
@@ -47,6 +54,9 @@ def _answer_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
     os.environ["FRANK_CACHE_DIR"] = str(tmp_path_factory.mktemp("frank-cache"))
     os.environ["FRANK_CACHE"] = os.environ.get("FRANK_TEST_CACHE") or str(TEST_CACHE)
     os.environ.setdefault("UV_CACHE_DIR", str(TEST_UV_CACHE))
+    # vLLM's cache for the engines tests start on the host (tests.vllm_server.vllm_env):
+    # one per session, so only the first start inspects the model
+    os.environ[SESSION_VLLM_CACHE] = str(tmp_path_factory.mktemp("vllm-cache"))
     for var in ("FRANK_SIGNING_KEY", "FRANK_VERIFY_KEY"):  # the caller's keys, by name
         os.environ.pop(var, None)
     # Commands under test say only their own words: with a cold cache a step of theirs runs
@@ -102,3 +112,33 @@ def _give_disk_back(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         disk.remove(path)
     if free - shutil.disk_usage(base).free > disk.GC_AFTER_BYTES:
         disk.gc_test_store(Path(os.environ.get("FRANK_CACHE", str(TEST_CACHE))))
+
+
+# The session's shared engines (tests.smoke_served) and, per name, the last test using it.
+SHARED_ENGINES = ("smoke_engines",)
+_LAST_USER = pytest.StashKey[dict[str, str]]()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session: pytest.Session, items: list[pytest.Item]) -> None:
+    last: dict[str, str] = {}
+    for item in items:
+        for name in SHARED_ENGINES:
+            if name in getattr(item, "fixturenames", ()):
+                last[name] = item.nodeid
+    session.stash[_LAST_USER] = last
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    """A shared engine stops after the last test that uses it, not when the session ends:
+    the slow tests after it have its cores and 1.2 GB back. Its stop's checks
+    (tests.smoke_served) fail that test's teardown."""
+    result = yield
+    if isinstance(item, pytest.Function):
+        for name, nodeid in item.session.stash.get(_LAST_USER, {}).items():
+            if nodeid == item.nodeid:
+                for fixturedef in item._fixtureinfo.name2fixturedefs.get(name, ()):
+                    # finish() reads only the request's node (for its error message)
+                    fixturedef.finish(item._request)  # type: ignore[arg-type]
+    return result

