@@ -100,7 +100,10 @@ def audit_layout(layout: Path, lock: Lock | None, root: Path, *,
     key = None
     if not require_target and len(sound) == len(descs) and not store.full_verify:
         top = None if engine else _lock_layer(plan, base, descs, blobs, want)
-        if engine or top is not None:
+        # a verdict is of blobs' readings: none is used or kept where the build handed in
+        # its own reading of a layer (but the lock layer's, read here on its own)
+        handed = set(mine) - ({top.index} if top is not None else set())
+        if (engine or top is not None) and not handed:
             key = _verdict_key(descs, base, want, plan, lock, ran_plan, top)
     verdict = _from_kept(store, key) if key else None
     target, n_kept = None, 0
