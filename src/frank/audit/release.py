@@ -181,27 +181,20 @@ def _take(release: Release, part: Aot | Extension, root: Path, manifest: Path, p
           ) -> Finding | str:
     """``taken`` (copied into the scratch store, hashed there in full, the pin), ``absent``,
     or a finding (the cache's folders moved to ``quarantine/``)."""
-    from frank.assemble.aot import kept_paths, output_digest
-    from frank.assemble.extension import kept_folder
-    from frank.model.kinds.extension import ext_suffix
+    from frank.assemble.outputs import kept_output, output_sha256
     from frank.store.ledger import hash_file
 
     real, scratch = release.real.root, release.scratch
-    if isinstance(part, Aot):
-        files = {name: p.relative_to(real)
-                 for name, p in kept_paths(part, root, manifest, real).items()}
-    else:
-        module = f"{part.module}{ext_suffix(part.python_headers)}"
-        files = {"": (kept_folder(part, root, real) / module).relative_to(real)}
+    files = {name: p.relative_to(real)
+             for name, p in kept_output(part, root, manifest, real).items()}
     if not all((real / rel).is_file() for rel in files.values()):
         return "absent"
     for rel in files.values():  # copied (megabytes: no inode shared with the cache), then
         (scratch / rel).parent.mkdir(parents=True, exist_ok=True)  # hashed where it is read
         shutil.copyfile(real / rel, scratch / rel)
     hashes = {rel: hash_file(scratch / rel) for rel in files.values()}
-    got = output_digest({n: scratch / rel for n, rel in files.items()},
-                        lambda p: hashes[p.relative_to(scratch)]) \
-        if isinstance(part, Aot) else hashes[files[""]]
+    got = output_sha256(part, {n: scratch / rel for n, rel in files.items()},
+                        lambda p: hashes[p.relative_to(scratch)])
     if got == pin:
         ledger = BlobStore(scratch).ledger  # read once: the build takes it as hashed
         for rel, sha in hashes.items():

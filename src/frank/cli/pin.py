@@ -91,6 +91,7 @@ def _pin_part(doc: Any, ref: str | None, index: str, wheel_tag: str | None,
 def _pin_output(doc: Any, path: Path, root: Path) -> list[tuple[str, str | None, str]]:
     """``output_sha256`` set to the digest of the part's kept output in this store (a
     compose or build on this machine made it), hashed in full."""
+    from frank.assemble.outputs import kept_output, output_sha256
     from frank.model.kinds import PART_ADAPTER
     from frank.model.kinds.aot import Aot
     from frank.model.kinds.extension import Extension
@@ -102,21 +103,11 @@ def _pin_output(doc: Any, path: Path, root: Path) -> list[tuple[str, str | None,
         raise FrankError(f"a {kind} part has no built output to pin (only aot and extension)",
                          file=path, field="--output")
     part = PART_ADAPTER.validate_python(doc.unwrap())
+    assert isinstance(part, (Aot, Extension))
     store = BlobStore()
-    if isinstance(part, Aot):
-        from frank.assemble.aot import kept_paths, output_digest
-
-        files = kept_paths(part, root, path, store.root)
-        digest = output_digest(files, hash_file) if all(
-            p.is_file() for p in files.values()) else None
-    else:
-        from frank.assemble.extension import kept_folder
-        from frank.model.kinds.extension import ext_suffix
-
-        assert isinstance(part, Extension)
-        module = kept_folder(part, root, store.root) / \
-            f"{part.module}{ext_suffix(part.python_headers)}"
-        digest = hash_file(module) if module.is_file() else None
+    files = kept_output(part, root, path, store.root)
+    digest = output_sha256(part, files, hash_file) \
+        if all(p.is_file() for p in files.values()) else None
     if digest is None:
         raise FrankError(f"no kept output of {part.name} in {store.root}: compose a stack "
                          "with it first (FRANK_CACHE names the store)", file=path,
