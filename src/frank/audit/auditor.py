@@ -220,7 +220,9 @@ def _verdict_key(descs: list[Any], base: DerivedBase, want: Expected, plan: Buil
     shape, and the lock file's sha256 is left out of the expectations."""
     from frank.audit.kept import verdict_key
 
-    config_side = {"env", "entrypoint", "labels", "notes", "files"}
+    # the config's expectations are checked every time; files go in below, the lock file's
+    # sha256 left out where the lock layer was checked on its own
+    apart = {"env", "entrypoint", "labels", "notes", "files"}
     layers = [str(d.get("digest", "")) for d in descs]
     files = [(f.path, f.sha256, f.part, f.what) for f in want.files]
     if top is not None:
@@ -230,7 +232,7 @@ def _verdict_key(descs: list[Any], base: DerivedBase, want: Expected, plan: Buil
         "layers": layers, "top": top.shape if top is not None else None,
         "base": [base.name, base.digest, base.layers, base.how],
         "want": {f.name: getattr(want, f.name) for f in fields(want)
-                 if f.name not in config_side},
+                 if f.name not in apart},
         "files": files,
         "ran": ran_plan,
         "base_remove": [sorted(layer.base_remove) for layer in plan.layers],

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from frank.errors import FrankError
+from frank.fsutil import write_atomic
 from frank.model.kinds.aot import Aot
 from frank.model.kinds.extension import Extension
 from frank.resolve.lock import Lock
@@ -201,7 +202,7 @@ def _take(release: Release, part: Aot | Extension, root: Path, manifest: Path, p
             ledger.note(scratch / rel, sha)
         if not isinstance(part, Aot):  # its record written here, not taken from the cache
             rel = files[""]
-            (scratch / rel).parent.joinpath("result.json").write_text(json.dumps(
+            write_atomic((scratch / rel).parent / "result.json", json.dumps(
                 {"module": rel.name, "sha256": got, "key": rel.parent.name,
                  "taken": "release: the kept module, hashed in full, is output_sha256"}))
         return "taken"
